@@ -1,0 +1,140 @@
+/* braid-bench internals shared by the files of bench/. The benchmark is a
+ * plain client of the library: it includes braid.h and nothing else from
+ * braid, so it measures exactly what a trainer would get. */
+#ifndef BENCH_H
+#define BENCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "braid.h"
+
+#define BENCH_MAX_TYPES 8
+#define BENCH_MAX_OPS 5
+
+typedef enum { BENCH_ALLREDUCE = 1, BENCH_BROADCAST } bench_coll;
+
+/* Exit codes. A rank that saw wrong results still finishes the table, so
+ * only BENCH_EXIT_FAILED makes the local launcher stop the other ranks. */
+enum {
+    BENCH_EXIT_OK = 0,
+    BENCH_EXIT_WRONG = 1,  /* some #wrong > 0 (nccl-tests exits 1 too) */
+    BENCH_EXIT_USAGE = 2,  /* bad options or outputs that cannot be written */
+    BENCH_EXIT_FAILED = 3, /* a braid call failed */
+};
+
+/* Command line, parsed once in every process (the local launcher forks after
+ * parsing, so children inherit it). Field names follow nccl-tests. */
+typedef struct {
+    bench_coll coll;
+    size_t min_bytes, max_bytes;
+    size_t step_bytes;   /* -i: additive step, used when step_factor <= 1 */
+    size_t step_factor;  /* -f: multiplicative step */
+    int iters, warmup_iters;
+    int check;           /* -c: 0 off, 1 verify every size */
+    int ntypes;
+    braid_dtype types[BENCH_MAX_TYPES];
+    int nops;
+    braid_op ops[BENCH_MAX_OPS];
+    int root;
+    int nranks;          /* -N: local ranks to spawn without a launcher */
+    int nranks_given;    /* -N appeared on the command line */
+    braid_algo algo;
+    int timeout_s;       /* -T: 0 keeps the library default */
+    const char *csv_path;
+    const char *plot_path;
+    const char *label;   /* series name in csv and plot; NULL: derived */
+} bench_opts;
+
+/* One timed measurement (one half of a table row). */
+typedef struct {
+    double time_us;      /* mean per-iteration time, max over ranks */
+    double algbw, busbw; /* GB/s (1e9 bytes/s) */
+    long long wrong;     /* wrong elements summed over ranks; -1: not checked */
+} bench_result;
+
+/* options.c */
+/* Parse argv. Returns 0 to run, 1 when help was printed, -1 on a usage error
+ * (already reported on stderr). */
+int bench_parse_args(int argc, char **argv, bench_opts *opts);
+/* Parse a size with an optional K/M/G suffix (powers of 1024). -1 on error. */
+int bench_parse_size(const char *text, size_t *out);
+
+/* dtype.c: names as nccl-tests spells them, and exact element codecs. */
+const char *bench_type_name(braid_dtype dtype);
+const char *bench_op_name(braid_op op);
+int bench_type_from_name(const char *name, braid_dtype *dtype);
+int bench_op_from_name(const char *name, braid_op *op);
+int bench_type_is_float(braid_dtype dtype);
+int bench_type_is_signed(braid_dtype dtype);
+/* Store value (already exact or to be rounded to nearest even) as dtype.
+ * Integer types wrap modulo 2^bits. */
+void bench_encode(braid_dtype dtype, double value, void *dst);
+/* Store the low bits of a two's-complement integer (integer dtypes only). */
+void bench_encode_bits(braid_dtype dtype, uint64_t bits, void *dst);
+/* Exact value of one element. */
+double bench_decode(braid_dtype dtype, const void *src);
+
+/* verify.c: rank-dependent inputs whose reduction is exact in every dtype,
+ * so results can be compared for equality (nccl-tests does the same). */
+typedef struct bench_pattern bench_pattern;
+/* Build the input and expected tables of one (collective, dtype, op) for
+ * this rank. seed varies the data between checks. */
+int bench_pattern_create(bench_pattern **pat, bench_coll coll, braid_dtype dtype, braid_op op, int rank,
+                         int nranks, int root, uint32_t seed);
+void bench_pattern_destroy(bench_pattern *pat);
+/* Fill buf with this rank's input. */
+void bench_pattern_fill_input(const bench_pattern *pat, void *buf, size_t count);
+/* Fill buf with values that differ from the expected result (so a
+ * collective that writes nothing is caught). */
+void bench_pattern_fill_junk(const bench_pattern *pat, void *buf, size_t count);
+/* Number of elements of buf that differ from the expected result. */
+long long bench_pattern_check(const bench_pattern *pat, const void *buf, size_t count);
+
+/* report.c: nccl-tests' table on rank 0, and the csv file. */
+typedef struct {
+    FILE *csv;
+    double bw_sum;       /* busbw summed over every printed measurement */
+    long bw_count;
+    long long errors;    /* measurements with wrong elements */
+} bench_report;
+
+/* Host description of one rank, gathered to rank 0 for the device list. */
+typedef struct {
+    int64_t pid;
+    char host[64];
+    char cpu[48];
+} bench_rank_info;
+
+int bench_report_open(bench_report *rep, const bench_opts *opts);
+void bench_report_header(const bench_opts *opts, const bench_rank_info *infos, int nranks);
+void bench_report_row(bench_report *rep, const bench_opts *opts, int nranks, size_t bytes, size_t count,
+                      braid_dtype dtype, const char *opname, int root, const bench_result *oop,
+                      const bench_result *ip);
+/* Footer lines; returns 0 when no measurement had wrong elements. */
+int bench_report_close(bench_report *rep);
+/* Series label for this run (opts->label or e.g. "braid allreduce 4r"). */
+void bench_report_label(const bench_opts *opts, int nranks, char *buf, size_t len);
+
+/* plot.c: busbw vs size with gnuplot. */
+/* 0 when gnuplot can be run; else prints why on stderr. */
+int bench_plot_available(void);
+/* Plot every series of the given csv files into png_path. */
+int bench_plot(const char *png_path, const char *const *csv_paths, int ncsv);
+
+/* run.c: the per-rank benchmark, on an initialized group. Returns this
+ * rank's BENCH_EXIT_* code. */
+int bench_run(braid_pg *pg, const bench_opts *opts);
+
+/* launch.c */
+/* 1 when torchrun, mpirun or srun set up this process. */
+int bench_have_launcher_env(void);
+/* Spawn opts->nranks local ranks by fork and wait for them. */
+int bench_spawn_local(const bench_opts *opts);
+/* Join through the launcher's environment and run. */
+int bench_run_env(const bench_opts *opts);
+/* Config for braid_pg_init*, from the options. */
+void bench_config(const bench_opts *opts, braid_config *cfg);
+
+#endif

@@ -1,0 +1,307 @@
+/* Command line of braid-bench. Letters, long names and defaults follow
+ * nccl-tests (all_reduce_perf, broadcast_perf) so existing scripts carry
+ * over; -N, -a, --csv, --plot and --label are braid's own. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "bench.h"
+
+static void usage(FILE *out, const char *prog)
+{
+    fprintf(out,
+            "usage: %s allreduce|broadcast [options]\n"
+            "  -b, --minbytes SIZE       smallest message (K/M/G suffixes; default 32M)\n"
+            "  -e, --maxbytes SIZE       largest message (default 32M)\n"
+            "  -f, --stepfactor N        multiply the size by N each step\n"
+            "  -i, --stepbytes SIZE      else add SIZE each step (default 1M)\n"
+            "  -n, --iters N             timed iterations per size (default 20)\n"
+            "  -w, --warmup_iters N      warm-up iterations (default 5)\n"
+            "  -c, --check 0|1           verify results and count #wrong (default 1)\n"
+            "  -d, --datatype TYPE       float double half bfloat16 int8 uint8 int32 int64 | all\n"
+            "  -o, --op OP               sum prod min max avg | all (all-reduce)\n"
+            "  -r, --root N              broadcast root (default 0)\n"
+            "  -N, --nranks N            local ranks to spawn when no launcher is found (default 4)\n"
+            "  -a, --algo auto|ring|rd   collective algorithm (default auto)\n"
+            "  -T, --timeout SEC         group timeout for every blocking wait\n"
+            "      --csv FILE            append rows to FILE (written with a header when new)\n"
+            "      --plot FILE.png       plot busbw vs size (gnuplot) of this run, or of --csv FILE\n"
+            "      --label NAME          series name in the csv and the plot\n"
+            "  -t, -g 1                  accepted for nccl-tests compatibility (one rank per process)\n"
+            "Under torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), mpirun (OMPI_COMM_WORLD_*)\n"
+            "or srun (SLURM_PROCID, SLURM_NTASKS) each process is one rank; otherwise -N local ranks\n"
+            "are forked on this host. Rank 0 prints the nccl-tests table.\n",
+            prog);
+}
+
+int bench_parse_size(const char *text, size_t *out)
+{
+    double value;
+    char unit[8] = {0};
+    int n = sscanf(text, "%lf%7s", &value, unit);
+    if (n < 1 || value < 0)
+        return -1;
+    double mult = 1;
+    if (n == 2) {
+        /* K, KB, KiB (any case): always powers of 1024, as nccl-tests. */
+        const char *rest = unit + 1;
+        switch (unit[0]) {
+        case 'k':
+        case 'K':
+            mult = 1024.0;
+            break;
+        case 'm':
+        case 'M':
+            mult = 1024.0 * 1024;
+            break;
+        case 'g':
+        case 'G':
+            mult = 1024.0 * 1024 * 1024;
+            break;
+        case 'b':
+        case 'B':
+            rest = unit + 1;
+            if (*rest)
+                return -1;
+            break;
+        default:
+            return -1;
+        }
+        if (*rest && strcasecmp(rest, "b") != 0 && strcasecmp(rest, "ib") != 0)
+            return -1;
+    }
+    *out = (size_t)(value * mult);
+    return 0;
+}
+
+static int parse_int(const char *text, const char *what, long lo, long hi, long *out)
+{
+    char *end;
+    long v = strtol(text, &end, 0);
+    if (*text == '\0' || *end != '\0' || v < lo || v > hi) {
+        fprintf(stderr, "braid-bench: invalid %s '%s' (expected an integer in [%ld, %ld])\n", what, text, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_types(const char *text, bench_opts *o)
+{
+    /* nccl-tests' order for 'all', minus the types braid does not have. */
+    static const braid_dtype all[] = {BRAID_I8,  BRAID_U8,  BRAID_I32, BRAID_I64,
+                                      BRAID_F16, BRAID_F32, BRAID_F64, BRAID_BF16};
+    if (strcasecmp(text, "all") == 0) {
+        o->ntypes = (int)(sizeof(all) / sizeof(all[0]));
+        memcpy(o->types, all, sizeof(all));
+        return 0;
+    }
+    if (bench_type_from_name(text, &o->types[0]) != 0) {
+        fprintf(stderr,
+                "braid-bench: unknown datatype '%s' (float double half bfloat16 int8 uint8 int32 int64 all)\n",
+                text);
+        return -1;
+    }
+    o->ntypes = 1;
+    return 0;
+}
+
+static int parse_ops(const char *text, bench_opts *o)
+{
+    static const braid_op all[] = {BRAID_SUM, BRAID_PROD, BRAID_MAX, BRAID_MIN, BRAID_AVG}; /* nccl-tests order */
+    if (strcasecmp(text, "all") == 0) {
+        o->nops = (int)(sizeof(all) / sizeof(all[0]));
+        memcpy(o->ops, all, sizeof(all));
+        return 0;
+    }
+    if (bench_op_from_name(text, &o->ops[0]) != 0) {
+        fprintf(stderr, "braid-bench: unknown op '%s' (sum prod min max avg all)\n", text);
+        return -1;
+    }
+    o->nops = 1;
+    return 0;
+}
+
+static int parse_algo(const char *text, braid_algo *algo)
+{
+    if (strcasecmp(text, "auto") == 0)
+        *algo = BRAID_ALGO_AUTO;
+    else if (strcasecmp(text, "ring") == 0)
+        *algo = BRAID_ALGO_RING;
+    else if (strcasecmp(text, "rd") == 0 || strcasecmp(text, "recursive_doubling") == 0)
+        *algo = BRAID_ALGO_RECURSIVE_DOUBLING;
+    else {
+        fprintf(stderr, "braid-bench: unknown algorithm '%s' (auto ring rd)\n", text);
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_coll(const char *text, bench_coll *coll)
+{
+    if (strcmp(text, "allreduce") == 0 || strcmp(text, "all_reduce") == 0 || strcmp(text, "all_reduce_perf") == 0)
+        *coll = BENCH_ALLREDUCE;
+    else if (strcmp(text, "broadcast") == 0 || strcmp(text, "bcast") == 0 || strcmp(text, "broadcast_perf") == 0)
+        *coll = BENCH_BROADCAST;
+    else
+        return -1;
+    return 0;
+}
+
+enum { OPT_CSV = 1000, OPT_PLOT, OPT_LABEL };
+
+int bench_parse_args(int argc, char **argv, bench_opts *o)
+{
+    static const struct option longopts[] = {
+        {"minbytes", required_argument, 0, 'b'},   {"maxbytes", required_argument, 0, 'e'},
+        {"stepbytes", required_argument, 0, 'i'},  {"stepfactor", required_argument, 0, 'f'},
+        {"iters", required_argument, 0, 'n'},      {"warmup_iters", required_argument, 0, 'w'},
+        {"check", required_argument, 0, 'c'},      {"op", required_argument, 0, 'o'},
+        {"datatype", required_argument, 0, 'd'},   {"root", required_argument, 0, 'r'},
+        {"nranks", required_argument, 0, 'N'},     {"algo", required_argument, 0, 'a'},
+        {"timeout", required_argument, 0, 'T'},    {"nthreads", required_argument, 0, 't'},
+        {"ngpus", required_argument, 0, 'g'},      {"csv", required_argument, 0, OPT_CSV},
+        {"plot", required_argument, 0, OPT_PLOT},  {"label", required_argument, 0, OPT_LABEL},
+        {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
+    };
+    const char *prog = "braid-bench";
+    long v;
+
+    memset(o, 0, sizeof(*o));
+    o->min_bytes = o->max_bytes = 32u << 20;
+    o->step_bytes = 1u << 20;
+    o->step_factor = 1;
+    o->iters = 20;
+    o->warmup_iters = 5;
+    o->check = 1;
+    o->ntypes = 1;
+    o->types[0] = BRAID_F32;
+    o->nops = 1;
+    o->ops[0] = BRAID_SUM;
+    o->nranks = 4;
+    o->algo = BRAID_ALGO_AUTO;
+
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "b:e:i:f:n:w:c:o:d:r:N:a:T:t:g:h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'b':
+        case 'e':
+        case 'i': {
+            size_t s;
+            if (bench_parse_size(optarg, &s) != 0) {
+                fprintf(stderr, "braid-bench: invalid size '%s' for -%c (e.g. 8, 4K, 64M, 1G)\n", optarg, c);
+                return -1;
+            }
+            if (c == 'b')
+                o->min_bytes = s;
+            else if (c == 'e')
+                o->max_bytes = s;
+            else
+                o->step_bytes = s;
+            break;
+        }
+        case 'f':
+            if (parse_int(optarg, "step factor", 1, 1 << 30, &v))
+                return -1;
+            o->step_factor = (size_t)v;
+            break;
+        case 'n':
+            if (parse_int(optarg, "iteration count", 1, 1 << 30, &v))
+                return -1;
+            o->iters = (int)v;
+            break;
+        case 'w':
+            if (parse_int(optarg, "warm-up count", 0, 1 << 30, &v))
+                return -1;
+            o->warmup_iters = (int)v;
+            break;
+        case 'c':
+            if (parse_int(optarg, "check flag", 0, 1, &v))
+                return -1;
+            o->check = (int)v;
+            break;
+        case 'o':
+            if (parse_ops(optarg, o))
+                return -1;
+            break;
+        case 'd':
+            if (parse_types(optarg, o))
+                return -1;
+            break;
+        case 'r':
+            if (parse_int(optarg, "root", 0, 1 << 20, &v))
+                return -1;
+            o->root = (int)v;
+            break;
+        case 'N':
+            if (parse_int(optarg, "rank count", 1, 1024, &v))
+                return -1;
+            o->nranks = (int)v;
+            o->nranks_given = 1;
+            break;
+        case 'a':
+            if (parse_algo(optarg, &o->algo))
+                return -1;
+            break;
+        case 'T':
+            if (parse_int(optarg, "timeout", 0, 1 << 21, &v))
+                return -1;
+            o->timeout_s = (int)v;
+            break;
+        case 't':
+        case 'g':
+            /* One rank per process, one process per rank: only 1 makes sense. */
+            if (parse_int(optarg, c == 't' ? "thread count" : "gpu count", 1, 1, &v))
+                return -1;
+            break;
+        case OPT_CSV:
+            o->csv_path = optarg;
+            break;
+        case OPT_PLOT:
+            o->plot_path = optarg;
+            break;
+        case OPT_LABEL:
+            o->label = optarg;
+            break;
+        case 'h':
+            usage(stdout, prog);
+            return 1;
+        default:
+            usage(stderr, prog);
+            return -1;
+        }
+    }
+    if (optind >= argc || parse_coll(argv[optind], &o->coll) != 0) {
+        if (optind < argc)
+            fprintf(stderr, "braid-bench: unknown collective '%s'\n", argv[optind]);
+        else
+            fprintf(stderr, "braid-bench: name a collective: allreduce or broadcast\n");
+        usage(stderr, prog);
+        return -1;
+    }
+    if (optind + 1 < argc) {
+        fprintf(stderr, "braid-bench: unexpected argument '%s'\n", argv[optind + 1]);
+        return -1;
+    }
+    if (o->min_bytes > o->max_bytes) {
+        fprintf(stderr, "braid-bench: minbytes %zu is larger than maxbytes %zu\n", o->min_bytes, o->max_bytes);
+        return -1;
+    }
+    /* Sizes that would never advance (nccl-tests loops forever on these). */
+    if (o->step_factor > 1 && o->min_bytes == 0 && o->max_bytes > 0) {
+        fprintf(stderr, "braid-bench: -f needs minbytes > 0 (0 * factor stays 0)\n");
+        return -1;
+    }
+    if (o->step_factor <= 1 && o->step_bytes == 0 && o->min_bytes < o->max_bytes) {
+        fprintf(stderr, "braid-bench: -i 0 with -f 1 never reaches maxbytes\n");
+        return -1;
+    }
+    if (o->coll == BENCH_BROADCAST && o->nops > 1) {
+        fprintf(stderr, "braid-bench: broadcast takes no reduction op\n");
+        return -1;
+    }
+    return 0;
+}

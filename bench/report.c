@@ -1,0 +1,157 @@
+/* Output of braid-bench, on rank 0 only.
+ *
+ * The table reproduces nccl-tests' all_reduce_perf / broadcast_perf output
+ * byte for byte (header lines, column widths, time precision switching at
+ * 100 us and 10 ms, "N/A" in #wrong without -c, the footer), because people
+ * diff and parse it with the scripts they already have. Only the device
+ * lines differ in content: a rank here is a host process, so they name the
+ * CPU instead of a GPU. */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "bench.h"
+
+static const char csv_header[] = "size,count,type,redop,root,oop_time_us,oop_algbw,oop_busbw,oop_wrong,"
+                                 "ip_time_us,ip_algbw,ip_busbw,ip_wrong,nranks,label";
+
+void bench_report_label(const bench_opts *opts, int nranks, char *buf, size_t len)
+{
+    if (opts->label)
+        snprintf(buf, len, "%s", opts->label);
+    else
+        snprintf(buf, len, "braid %s %dr", opts->coll == BENCH_ALLREDUCE ? "allreduce" : "broadcast", nranks);
+}
+
+int bench_report_open(bench_report *rep, const bench_opts *opts)
+{
+    memset(rep, 0, sizeof(*rep));
+    if (!opts->csv_path)
+        return 0;
+    if (opts->label && strpbrk(opts->label, ",\"\n")) {
+        fprintf(stderr, "braid-bench: --label must not contain commas, quotes or newlines\n");
+        return -1;
+    }
+    /* Append, so several runs (rank counts, algorithms, builds) accumulate
+     * in one file and plot as separate series by label. */
+    FILE *f = fopen(opts->csv_path, "a+");
+    if (!f) {
+        fprintf(stderr, "braid-bench: cannot open csv file %s: %s\n", opts->csv_path, strerror(errno));
+        return -1;
+    }
+    char first[512] = "";
+    rewind(f);
+    if (fgets(first, sizeof(first), f)) {
+        first[strcspn(first, "\r\n")] = '\0';
+        if (strcmp(first, csv_header) != 0) {
+            fprintf(stderr, "braid-bench: %s exists and is not a braid-bench csv (first line differs)\n",
+                    opts->csv_path);
+            fclose(f);
+            return -1;
+        }
+    } else {
+        fprintf(f, "%s\n", csv_header);
+    }
+    fseek(f, 0, SEEK_END);
+    rep->csv = f;
+    return 0;
+}
+
+void bench_report_header(const bench_opts *o, const bench_rank_info *infos, int nranks)
+{
+    printf("# nThread %d nGpus %d minBytes %ld maxBytes %ld step: %ld(%s) warmup iters: %d iters: %d agg iters: "
+           "%d validation: %d graph: %d\n",
+           1, 1, (long)o->min_bytes, (long)o->max_bytes,
+           (long)(o->step_factor > 1 ? o->step_factor : o->step_bytes), o->step_factor > 1 ? "factor" : "bytes",
+           o->warmup_iters, o->iters, 1, o->check, 0);
+    printf("#\n");
+    printf("# Using devices\n");
+    for (int r = 0; r < nranks; r++) {
+        /* "device" is the rank's index among the ranks on its host, as a
+         * GPU index would be under nccl-tests. */
+        int local = 0;
+        for (int p = 0; p < r; p++)
+            local += strcmp(infos[p].host, infos[r].host) == 0;
+        printf("#  Rank %2d Group %2d Pid %6d on %10s device %2d [0x%02x] %s\n", r, 0, (int)infos[r].pid,
+               infos[r].host, local, 0, infos[r].cpu[0] ? infos[r].cpu : "cpu");
+    }
+    printf("#\n");
+    printf("# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place          \n", "", "", "",
+           "", "");
+    printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s\n", "size", "count", "type", "redop",
+           "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
+    printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %5s  %7s  %6s  %6s  %5s\n", "(B)", "(elements)", "", "", "",
+           "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+    fflush(stdout);
+}
+
+static int format_half(char *buf, size_t len, const bench_result *r)
+{
+    char t[32];
+    /* nccl-tests keeps the column at 7 characters by dropping decimals. */
+    if (r->time_us >= 10000.0)
+        snprintf(t, sizeof(t), "%7.0f", r->time_us);
+    else if (r->time_us >= 100.0)
+        snprintf(t, sizeof(t), "%7.1f", r->time_us);
+    else
+        snprintf(t, sizeof(t), "%7.2f", r->time_us);
+    if (r->wrong >= 0)
+        return snprintf(buf, len, "  %7s  %6.2f  %6.2f  %5g", t, r->algbw, r->busbw, (double)r->wrong);
+    return snprintf(buf, len, "  %7s  %6.2f  %6.2f  %5s", t, r->algbw, r->busbw, "N/A");
+}
+
+static void csv_half(FILE *f, const bench_result *r)
+{
+    fprintf(f, ",%.3f,%.6f,%.6f,", r->time_us, r->algbw, r->busbw);
+    if (r->wrong >= 0)
+        fprintf(f, "%lld", r->wrong);
+    else
+        fprintf(f, "N/A");
+}
+
+void bench_report_row(bench_report *rep, const bench_opts *opts, int nranks, size_t bytes, size_t count,
+                      braid_dtype dtype, const char *opname, int root, const bench_result *oop,
+                      const bench_result *ip)
+{
+    char line[512];
+    char rootname[16];
+    int n;
+    snprintf(rootname, sizeof(rootname), "%6i", root);
+    n = snprintf(line, sizeof(line), "%12li  %12li  %8s  %6s  %6s", (long)bytes, (long)count, bench_type_name(dtype),
+                 opname, rootname);
+    n += format_half(line + n, sizeof(line) - (size_t)n, oop);
+    format_half(line + n, sizeof(line) - (size_t)n, ip);
+    /* One write per row, so a row never interleaves with a log line. */
+    printf("%s\n", line);
+    fflush(stdout);
+
+    rep->bw_sum += oop->busbw + ip->busbw;
+    rep->bw_count += 2;
+    rep->errors += (oop->wrong > 0) + (ip->wrong > 0);
+
+    if (rep->csv) {
+        char label[256];
+        bench_report_label(opts, nranks, label, sizeof(label));
+        fprintf(rep->csv, "%zu,%zu,%s,%s,%d", bytes, count, bench_type_name(dtype), opname, root);
+        csv_half(rep->csv, oop);
+        csv_half(rep->csv, ip);
+        fprintf(rep->csv, ",%d,%s\n", nranks, label);
+        fflush(rep->csv);
+    }
+}
+
+int bench_report_close(bench_report *rep)
+{
+    double avg = rep->bw_count ? rep->bw_sum / (double)rep->bw_count : 0.0;
+    printf("# Out of bounds values : %d %s\n", (int)rep->errors, rep->errors ? "FAILED" : "OK");
+    printf("# Avg bus bandwidth    : %g %s\n", avg, "");
+    printf("#\n");
+    /* nccl-tests ends with its last-error line, empty on success. */
+    printf("\n");
+    fflush(stdout);
+    if (rep->csv) {
+        fclose(rep->csv);
+        rep->csv = NULL;
+    }
+    return rep->errors ? 1 : 0;
+}

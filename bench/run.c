@@ -1,0 +1,337 @@
+/* The measurement loop of braid-bench, run by every rank of a group.
+ *
+ * It follows nccl-tests' TimeTest/BenchTime: warm up at the largest and the
+ * smallest size, then for every size one untimed call, a barrier, -n timed
+ * calls, and (with -c 1) one more call on fresh verifiable data that is
+ * checked. The reported time is the slowest rank's mean, taken with a MAX
+ * all-reduce, so one straggler cannot hide behind fast peers. Everything
+ * goes through the public API, including the barrier and the gathers. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench.h"
+
+typedef struct {
+    braid_pg *pg;
+    const bench_opts *o;
+    int rank, nranks;
+    void *send, *recv;
+    uint32_t seed;        /* verification round, varies the data */
+    long long wrong_total;
+} run_ctx;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int fail(const run_ctx *c, const char *what, braid_status st)
+{
+    fprintf(stderr, "braid-bench: rank %d/%d: %s failed: %s: %s\n", c->rank, c->nranks, what,
+            braid_status_string(st), braid_last_error());
+    return -1;
+}
+
+/* Small helpers on one element, used for barriers and result exchange. */
+static int reduce_scalar(run_ctx *c, void *val, braid_dtype dtype, braid_op op, const char *why)
+{
+    braid_status st = braid_allreduce(c->pg, val, val, 1, dtype, op, NULL, NULL);
+    return st == BRAID_OK ? 0 : fail(c, why, st);
+}
+
+static int barrier(run_ctx *c)
+{
+    int32_t one = 1;
+    return reduce_scalar(c, &one, BRAID_I32, BRAID_SUM, "barrier all-reduce");
+}
+
+/* Buffer a rank passes to the collective. Broadcast has a single buffer:
+ * out of place, the root sends from its send buffer and everyone else
+ * receives into the receive buffer, which is ncclBroadcast's data flow. */
+static void coll_buffers(const run_ctx *c, int in_place, const void **send, void **recv)
+{
+    if (c->o->coll == BENCH_ALLREDUCE) {
+        *recv = c->recv;
+        *send = in_place ? c->recv : c->send;
+    } else {
+        *recv = (!in_place && c->rank == c->o->root) ? c->send : c->recv;
+        *send = *recv;
+    }
+}
+
+static int coll_once(run_ctx *c, size_t count, braid_dtype dtype, braid_op op, int in_place)
+{
+    const void *send;
+    void *recv;
+    braid_status st;
+    coll_buffers(c, in_place, &send, &recv);
+    if (c->o->coll == BENCH_ALLREDUCE)
+        st = braid_allreduce(c->pg, send, recv, count, dtype, op, NULL, NULL);
+    else
+        st = braid_broadcast(c->pg, recv, count, dtype, c->o->root, NULL, NULL);
+    if (st != BRAID_OK) {
+        char what[160];
+        if (c->o->coll == BENCH_ALLREDUCE)
+            snprintf(what, sizeof(what), "allreduce of %zu %s elements (%s, %s)", count, bench_type_name(dtype),
+                     bench_op_name(op), in_place ? "in place" : "out of place");
+        else
+            snprintf(what, sizeof(what), "broadcast of %zu %s elements (root %d, %s)", count,
+                     bench_type_name(dtype), c->o->root, in_place ? "in place" : "out of place");
+        return fail(c, what, st);
+    }
+    return 0;
+}
+
+/* Fill the buffers a collective reads with the pattern's input and the
+ * buffers it must write with junk. */
+static void fill(run_ctx *c, const bench_pattern *pat, size_t count, int in_place)
+{
+    const void *send;
+    void *recv;
+    if (c->o->coll == BENCH_ALLREDUCE) {
+        if (in_place) {
+            bench_pattern_fill_input(pat, c->recv, count);
+        } else {
+            bench_pattern_fill_input(pat, c->send, count);
+            bench_pattern_fill_junk(pat, c->recv, count);
+        }
+        return;
+    }
+    coll_buffers(c, in_place, &send, &recv);
+    if (c->rank == c->o->root)
+        bench_pattern_fill_input(pat, recv, count);
+    else
+        bench_pattern_fill_junk(pat, recv, count);
+}
+
+static int verify(run_ctx *c, size_t count, braid_dtype dtype, braid_op op, int in_place, long long *wrong)
+{
+    bench_pattern *pat;
+    const void *send;
+    void *recv;
+    c->seed++;
+    if (bench_pattern_create(&pat, c->o->coll, dtype, op, c->rank, c->nranks, c->o->root, c->seed) != 0) {
+        fprintf(stderr, "braid-bench: rank %d: out of memory building check data\n", c->rank);
+        return -1;
+    }
+    fill(c, pat, count, in_place);
+    int rc = coll_once(c, count, dtype, op, in_place);
+    if (rc == 0) {
+        coll_buffers(c, in_place, &send, &recv);
+        long long w = bench_pattern_check(pat, recv, count);
+        int64_t total = w;
+        rc = reduce_scalar(c, &total, BRAID_I64, BRAID_SUM, "#wrong all-reduce");
+        *wrong = total;
+        if (w && c->o->coll == BENCH_ALLREDUCE)
+            fprintf(stderr, "braid-bench: rank %d: allreduce of %zu %s elements (%s, %s): %lld wrong\n", c->rank,
+                    count, bench_type_name(dtype), bench_op_name(op), in_place ? "in place" : "out of place", w);
+        else if (w)
+            fprintf(stderr, "braid-bench: rank %d: broadcast of %zu %s elements (root %d, %s): %lld wrong\n",
+                    c->rank, count, bench_type_name(dtype), c->o->root, in_place ? "in place" : "out of place", w);
+    }
+    bench_pattern_destroy(pat);
+    return rc;
+}
+
+static int bench_time(run_ctx *c, size_t count, braid_dtype dtype, braid_op op, int in_place, bench_result *res)
+{
+    const bench_opts *o = c->o;
+    bench_pattern *pat;
+    /* Defined values for the timed loop too (junk from a previous size
+     * could be NaN or denormal, which would time the FPU, not braid). */
+    if (bench_pattern_create(&pat, o->coll, dtype, op, c->rank, c->nranks, o->root, 0) != 0) {
+        fprintf(stderr, "braid-bench: rank %d: out of memory building input data\n", c->rank);
+        return -1;
+    }
+    fill(c, pat, count, in_place);
+    bench_pattern_destroy(pat);
+
+    if (coll_once(c, count, dtype, op, in_place) || barrier(c))
+        return -1;
+    double t0 = now_s();
+    for (int i = 0; i < o->iters; i++) {
+        if (coll_once(c, count, dtype, op, in_place))
+            return -1;
+    }
+    double dt = (now_s() - t0) / o->iters;
+    if (reduce_scalar(c, &dt, BRAID_F64, BRAID_MAX, "time all-reduce"))
+        return -1;
+
+    double bytes = (double)count * (double)braid_dtype_size(dtype);
+    res->time_us = dt * 1e6;
+    res->algbw = dt > 0 ? bytes / 1e9 / dt : 0.0;
+    /* nccl-tests' bus bandwidth: what each rank's link carries. */
+    res->busbw = o->coll == BENCH_ALLREDUCE ? res->algbw * 2.0 * (c->nranks - 1) / c->nranks : res->algbw;
+    res->wrong = -1;
+    if (o->check) {
+        if (verify(c, count, dtype, op, in_place, &res->wrong))
+            return -1;
+        c->wrong_total += res->wrong;
+    }
+    return 0;
+}
+
+static int warmup(run_ctx *c, size_t bytes, braid_dtype dtype, braid_op op)
+{
+    size_t count = bytes / braid_dtype_size(dtype);
+    for (int i = 0; i < c->o->warmup_iters; i++) {
+        if (coll_once(c, count, dtype, op, 0))
+            return -1;
+    }
+    return 0;
+}
+
+static int time_test(run_ctx *c, bench_report *rep, braid_dtype dtype, braid_op op)
+{
+    const bench_opts *o = c->o;
+    if (barrier(c) || warmup(c, o->max_bytes, dtype, op) || warmup(c, o->min_bytes, dtype, op))
+        return -1;
+    size_t esize = braid_dtype_size(dtype);
+    for (size_t size = o->min_bytes; size <= o->max_bytes;) {
+        size_t count = size / esize;
+        bench_result oop, ip;
+        if (bench_time(c, count, dtype, op, 0, &oop) || bench_time(c, count, dtype, op, 1, &ip))
+            return -1;
+        if (c->rank == 0) {
+            int allreduce = o->coll == BENCH_ALLREDUCE;
+            bench_report_row(rep, o, c->nranks, count * esize, count, dtype, allreduce ? bench_op_name(op) : "none",
+                             allreduce ? -1 : o->root, &oop, &ip);
+        }
+        size_t next = o->step_factor > 1 ? size * o->step_factor : size + o->step_bytes;
+        if (next <= size)
+            break; /* overflow, or a zero step at max */
+        size = next;
+    }
+    return 0;
+}
+
+static void host_info(bench_rank_info *info)
+{
+    memset(info, 0, sizeof(*info));
+    info->pid = getpid();
+    if (gethostname(info->host, sizeof(info->host) - 1) != 0)
+        snprintf(info->host, sizeof(info->host), "?");
+    /* Only the first name component, as nccl-tests' getHostName does. */
+    info->host[strcspn(info->host, ".")] = '\0';
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f)
+        return;
+    char line[256];
+    while (fgets(line, sizeof(line), f)) {
+        if (strncmp(line, "model name", 10) == 0) {
+            const char *v = strchr(line, ':');
+            if (v) {
+                v += strspn(v + 1, " \t") + 1;
+                snprintf(info->cpu, sizeof(info->cpu), "%.*s", (int)strcspn(v, "\n"), v);
+            }
+            break;
+        }
+    }
+    fclose(f);
+}
+
+/* Gather every rank's host description to all ranks: each rank writes its
+ * own slot of a zeroed array and a bytewise MAX merges them. */
+static int gather_info(run_ctx *c, bench_rank_info **out)
+{
+    bench_rank_info *infos = calloc((size_t)c->nranks, sizeof(*infos));
+    if (!infos) {
+        fprintf(stderr, "braid-bench: rank %d: out of memory\n", c->rank);
+        return -1;
+    }
+    host_info(&infos[c->rank]);
+    braid_status st = braid_allreduce(c->pg, infos, infos, (size_t)c->nranks * sizeof(*infos), BRAID_U8, BRAID_MAX,
+                                      NULL, NULL);
+    if (st != BRAID_OK) {
+        free(infos);
+        return fail(c, "host info all-reduce", st);
+    }
+    *out = infos;
+    return 0;
+}
+
+int bench_run(braid_pg *pg, const bench_opts *opts)
+{
+    run_ctx c = {.pg = pg, .o = opts, .rank = braid_pg_rank(pg), .nranks = braid_pg_size(pg)};
+    bench_opts local = *opts;
+    bench_report rep;
+    bench_rank_info *infos = NULL;
+    char tmp_csv[4096] = "";
+    int32_t setup_failed = 0;
+    int rc = BENCH_EXIT_USAGE;
+
+    if (opts->coll == BENCH_BROADCAST && opts->root >= c.nranks) {
+        if (c.rank == 0)
+            fprintf(stderr, "braid-bench: root %d is not a rank of this %d-rank group\n", opts->root, c.nranks);
+        return BENCH_EXIT_USAGE;
+    }
+    size_t cap = opts->max_bytes + 8; /* room for the widest element */
+    if (posix_memalign(&c.send, 4096, cap) || posix_memalign(&c.recv, 4096, cap)) {
+        fprintf(stderr, "braid-bench: rank %d: cannot allocate 2 x %zu bytes\n", c.rank, cap);
+        setup_failed = 1;
+    } else {
+        /* Fault every page in now, not inside the first timed loop. */
+        memset(c.send, 0, cap);
+        memset(c.recv, 0, cap);
+    }
+
+    /* Rank 0 owns the outputs; a problem there must stop every rank, so
+     * the verdict is shared with a MAX all-reduce before any timing. */
+    memset(&rep, 0, sizeof(rep));
+    if (c.rank == 0 && !setup_failed) {
+        if (opts->plot_path && !opts->csv_path) {
+            const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+            snprintf(tmp_csv, sizeof(tmp_csv), "%s/braid-bench-XXXXXX", dir);
+            int fd = mkstemp(tmp_csv);
+            if (fd < 0) {
+                fprintf(stderr, "braid-bench: cannot create a temporary csv in %s\n", dir);
+                tmp_csv[0] = '\0';
+                setup_failed = 1;
+            } else {
+                close(fd);
+                local.csv_path = tmp_csv;
+            }
+        }
+        if (!setup_failed && opts->plot_path && bench_plot_available() != 0)
+            setup_failed = 1;
+        if (!setup_failed && bench_report_open(&rep, &local) != 0)
+            setup_failed = 1;
+    }
+    if (reduce_scalar(&c, &setup_failed, BRAID_I32, BRAID_MAX, "setup all-reduce") || setup_failed)
+        goto out_free;
+    rc = BENCH_EXIT_FAILED; /* from here on a failure is a failed collective */
+    if (gather_info(&c, &infos))
+        goto out_free;
+    if (c.rank == 0)
+        bench_report_header(&local, infos, c.nranks);
+    free(infos);
+
+    c.o = &local;
+    for (int t = 0; t < opts->ntypes; t++) {
+        for (int k = 0; k < (opts->coll == BENCH_ALLREDUCE ? opts->nops : 1); k++) {
+            if (time_test(&c, &rep, opts->types[t], opts->ops[k]))
+                goto out_free;
+        }
+    }
+    rc = c.wrong_total ? BENCH_EXIT_WRONG : BENCH_EXIT_OK;
+    if (c.rank == 0) {
+        bench_report_close(&rep);
+        if (opts->plot_path) {
+            const char *csv = local.csv_path;
+            if (bench_plot(opts->plot_path, &csv, 1) != 0 && rc == BENCH_EXIT_OK)
+                rc = BENCH_EXIT_USAGE;
+        }
+    }
+out_free:
+    if (rep.csv)
+        fclose(rep.csv); /* still open only when the run failed */
+    if (tmp_csv[0])
+        unlink(tmp_csv);
+    free(c.send);
+    free(c.recv);
+    return rc;
+}

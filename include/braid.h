@@ -1,0 +1,257 @@
+/*
+ * braid — gradient communication for data-parallel training.
+ *
+ * Public API. Everything here is stable across minor versions; structures
+ * that may grow start with a `size` field that callers set with
+ * BRAID_CONFIG_INIT / sizeof.
+ */
+#ifndef BRAID_H
+#define BRAID_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(BRAID_BUILDING) && defined(__GNUC__)
+#define BRAID_API __attribute__((visibility("default")))
+#else
+#define BRAID_API
+#endif
+
+#define BRAID_VERSION_MAJOR 0
+#define BRAID_VERSION_MINOR 1
+#define BRAID_VERSION_PATCH 0
+
+/** Status returned by every fallible call; braid_last_error() has the detail. */
+typedef enum {
+    BRAID_OK = 0,
+    BRAID_ERR_INVALID_ARG,  /**< caller passed a bad argument */
+    BRAID_ERR_SYSTEM,       /**< a system call failed (errno in the message) */
+    BRAID_ERR_TIMEOUT,      /**< a blocking wait passed its timeout */
+    BRAID_ERR_PEER,         /**< a peer closed, died or sent something invalid */
+    BRAID_ERR_MISMATCH,     /**< ranks called different collectives */
+    BRAID_ERR_AUTH,         /**< a connection failed the job-secret handshake */
+    BRAID_ERR_UNSUPPORTED,  /**< not available in this build or on this machine */
+    BRAID_ERR_CUDA,         /**< a CUDA runtime call failed */
+    BRAID_ERR_ABORTED,      /**< braid_pg_abort() was called */
+    BRAID_ERR_INTERNAL,     /**< a bug in braid: please report it */
+    BRAID_ERR_NO_MEMORY,    /**< an allocation failed */
+    BRAID_STATUS_COUNT
+} braid_status;
+
+/** Element types. Values are part of the ABI. */
+typedef enum {
+    BRAID_F32 = 0,
+    BRAID_F64,
+    BRAID_F16,
+    BRAID_BF16,
+    BRAID_I8,
+    BRAID_U8,
+    BRAID_I32,
+    BRAID_I64,
+    BRAID_DTYPE_COUNT
+} braid_dtype;
+
+/** Reduction operators. AVG is SUM divided by the group size (integer
+ *  types: truncating division). */
+typedef enum {
+    BRAID_SUM = 0,
+    BRAID_PROD,
+    BRAID_MIN,
+    BRAID_MAX,
+    BRAID_AVG,
+    BRAID_OP_COUNT
+} braid_op;
+
+/** Collective algorithm selection (braid_config.algo, BRAID_ALGO). */
+typedef enum {
+    BRAID_ALGO_AUTO = 0, /**< tuner picks by size and group size */
+    BRAID_ALGO_RING,     /**< chunked, pipelined ring */
+    BRAID_ALGO_RECURSIVE_DOUBLING, /**< latency-bound small messages */
+    BRAID_ALGO_COUNT
+} braid_algo;
+
+#define BRAID_UNIQUE_ID_BYTES 128
+
+/** Rendezvous handle made by rank 0 and handed to every rank (like
+ *  ncclUniqueId): rank 0's store address plus a random 128-bit job secret.
+ *  Treat it as a credential. */
+typedef struct {
+    char internal[BRAID_UNIQUE_ID_BYTES];
+} braid_unique_id_t;
+
+/** Process-group configuration. Zero/NULL fields take the environment
+ *  value (BRAID_*), then the built-in default. */
+typedef struct {
+    size_t size;             /**< sizeof(braid_config): set by BRAID_CONFIG_INIT */
+    int timeout_ms;          /**< every blocking wait; 0: BRAID_TIMEOUT_MS or 300000 */
+    int nsocks;              /**< TCP sockets per peer; 0: BRAID_NSOCKS or default */
+    size_t chunk_bytes;      /**< pipeline chunk; 0: BRAID_CHUNK_BYTES or default */
+    braid_algo algo;         /**< 0: BRAID_ALGO or tuner */
+    const char *transports;  /**< "tcp,verbs,..."; NULL: BRAID_TRANSPORT or auto */
+    const char *socket_ifname; /**< NULL: BRAID_SOCKET_IFNAME or route to the store */
+    int checksum;            /**< per-chunk CRC32C; 0: BRAID_CHECKSUM */
+} braid_config;
+
+#define BRAID_CONFIG_INIT { sizeof(braid_config), 0, 0, 0, BRAID_ALGO_AUTO, NULL, NULL, 0 }
+
+typedef struct braid_pg braid_pg;             /**< opaque process group */
+typedef struct braid_work braid_work;         /**< opaque async handle */
+typedef struct braid_bucketer braid_bucketer; /**< opaque DDP gradient bucketer */
+
+/** Name of a status code ("BRAID_ERR_PEER"). Never NULL. */
+BRAID_API const char *braid_status_string(braid_status status);
+
+/** Detail text of the last failure on this thread: names the rank, peer, op
+ *  and cause. Empty string when nothing failed. */
+BRAID_API const char *braid_last_error(void);
+
+/** Size in bytes of one element of dtype, or 0 for an invalid dtype. */
+BRAID_API size_t braid_dtype_size(braid_dtype dtype);
+
+/** Library version as MAJOR*10000 + MINOR*100 + PATCH. */
+BRAID_API int braid_version(void);
+
+/** Create a unique id on rank 0: binds the rendezvous port now (so that the
+ *  id stays valid across fork) and draws a random job secret.
+ *  The address comes from BRAID_SOCKET_IFNAME, else the first non-loopback
+ *  interface, else 127.0.0.1; BRAID_STORE_ADDR=host:port overrides it. */
+BRAID_API braid_status braid_unique_id(braid_unique_id_t *id);
+
+/** Join a process group of `size` ranks as `rank`. Blocks until every rank
+ *  has joined or the timeout passes. cfg may be NULL. */
+BRAID_API braid_status braid_pg_init(braid_pg **pg, int rank, int size, const braid_unique_id_t *id,
+                                     const braid_config *cfg);
+
+/** Join using the launcher's environment: torchrun (RANK, WORLD_SIZE,
+ *  MASTER_ADDR, MASTER_PORT), Open MPI (OMPI_COMM_WORLD_RANK/SIZE) or Slurm
+ *  (SLURM_PROCID/SLURM_NTASKS), with MASTER_ADDR/MASTER_PORT giving rank 0's
+ *  store. The job secret is BRAID_JOB_SECRET when set (32 hex digits), else
+ *  derived from the launch variables (authenticates against strays, not
+ *  against an attacker who can read the environment). */
+BRAID_API braid_status braid_pg_init_env(braid_pg **pg, const braid_config *cfg);
+
+/** Abort the group from any thread, also from a signal handler: every
+ *  pending and future call on it returns BRAID_ERR_ABORTED. */
+BRAID_API braid_status braid_pg_abort(braid_pg *pg);
+
+/** Release the group. Pending work ends with BRAID_ERR_ABORTED first. */
+BRAID_API braid_status braid_pg_destroy(braid_pg *pg);
+
+BRAID_API int braid_pg_rank(const braid_pg *pg);
+BRAID_API int braid_pg_size(const braid_pg *pg);
+
+/** First error that broke the group (BRAID_OK while healthy). */
+BRAID_API braid_status braid_pg_error(const braid_pg *pg);
+
+/** All-reduce `count` elements of `send` into `recv` on every rank.
+ *  send == recv is in place. cuda_stream: NULL for host memory or the
+ *  default stream. work: NULL blocks until done; else returns a handle. */
+BRAID_API braid_status braid_allreduce(braid_pg *pg, const void *send, void *recv, size_t count,
+                                       braid_dtype dtype, braid_op op, void *cuda_stream,
+                                       braid_work **work);
+
+/** Broadcast `count` elements of buf from `root` to every rank. */
+BRAID_API braid_status braid_broadcast(braid_pg *pg, void *buf, size_t count, braid_dtype dtype,
+                                       int root, void *cuda_stream, braid_work **work);
+
+/** Block until work completes or timeout_ms passes (-1: the group's
+ *  timeout). Returns the collective's status. */
+BRAID_API braid_status braid_wait(braid_work *work, int timeout_ms);
+
+/** Non-blocking completion check: *done = 1 when finished; returns the
+ *  collective's status once done, BRAID_OK while pending. */
+BRAID_API braid_status braid_test(braid_work *work, int *done);
+
+/** Release a handle. A handle freed before completion still completes. */
+BRAID_API void braid_work_free(braid_work *work);
+
+/* ---- more collectives, point-to-point, groups ------------------------ */
+/* Same conventions as braid_allreduce: host memory unless a CUDA build
+ * says otherwise, cuda_stream NULL, work NULL to block. Every rank must
+ * make the same calls in the same order (sends and receives excepted);
+ * a mismatch fails with BRAID_ERR_MISMATCH naming both calls. */
+
+/** Reduce `count` elements of `send` over all ranks into `recv` on `root`
+ *  (a pipelined chain ending at the root). recv is only written, and only
+ *  needs to be valid, on the root; send == recv there is in place. AVG
+ *  divides by the group size once, in the root's final combine. */
+BRAID_API braid_status braid_reduce(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
+                                    braid_op op, int root, void *cuda_stream, braid_work **work);
+
+/** Gather `sendcount` elements from every rank into recv, which holds
+ *  size * sendcount elements in rank order (ring, pipelined, received in
+ *  place). In place when send == recv + rank * sendcount elements. */
+BRAID_API braid_status braid_allgather(braid_pg *pg, const void *send, void *recv, size_t sendcount,
+                                       braid_dtype dtype, void *cuda_stream, braid_work **work);
+
+/** Reduce send (size * recvcount elements) over all ranks and leave block
+ *  r (elements [r * recvcount, (r+1) * recvcount)) of the result in recv on
+ *  rank r (ring, pipelined). In place when recv == send + rank * recvcount
+ *  elements. AVG as in braid_allreduce. */
+BRAID_API braid_status braid_reduce_scatter(braid_pg *pg, const void *send, void *recv, size_t recvcount,
+                                            braid_dtype dtype, braid_op op, void *cuda_stream, braid_work **work);
+
+/** Send `count` elements to rank `peer`, which must post a matching
+ *  braid_recv (same count and dtype). Messages between two ranks match in
+ *  call order, as in NCCL. Completes once the data has been handed to the
+ *  transport. peer may be the caller only inside a group that also
+ *  receives from itself (a copy). */
+BRAID_API braid_status braid_send(braid_pg *pg, const void *buf, size_t count, braid_dtype dtype, int peer,
+                                  void *cuda_stream, braid_work **work);
+
+/** Receive `count` elements from rank `peer` into buf (see braid_send). */
+BRAID_API braid_status braid_recv(braid_pg *pg, void *buf, size_t count, braid_dtype dtype, int peer,
+                                  void *cuda_stream, braid_work **work);
+
+/** Open a group on pg for the calling thread (NCCL's ncclGroupStart).
+ *  Until the matching braid_group_end, this thread's calls on pg (any
+ *  collective, send or receive, each with work = NULL) are only checked and
+ *  recorded: their buffers must stay valid until the group completes.
+ *  Groups nest; other threads' calls on pg are not affected. */
+BRAID_API braid_status braid_group_start(braid_pg *pg);
+
+/** Close the group; the outermost end runs the recorded calls as one job:
+ *  in issue order, each run of consecutive sends and receives progressed
+ *  together, so exchanging with several peers at once cannot deadlock.
+ *  work: NULL blocks until done, else receives the group's handle (NULL
+ *  after an inner end). Recorded collectives count as separate calls for
+ *  matching, so ranks may group them differently. */
+BRAID_API braid_status braid_group_end(braid_pg *pg, braid_work **work);
+
+/* ---- DDP bucketer ---------------------------------------------------- */
+
+/** Create a bucketer on pg. bucket_bytes 0: 25 MiB; first_bucket_bytes 0:
+ *  1 MiB (PyTorch DDP defaults). */
+BRAID_API braid_status braid_bucketer_create(braid_bucketer **b, braid_pg *pg, size_t bucket_bytes,
+                                             size_t first_bucket_bytes);
+
+/** Register a gradient buffer (in model order). Buckets are formed in
+ *  reverse registration order when the first ready() is called. */
+BRAID_API braid_status braid_bucketer_add(braid_bucketer *b, void *grad, size_t count, braid_dtype dtype,
+                                          int *param_id);
+
+/** Compress f32 buckets to dtype (BRAID_F16 or BRAID_BF16) on the wire;
+ *  BRAID_F32 turns compression off. Call before the first ready(). */
+BRAID_API braid_status braid_bucketer_set_compression(braid_bucketer *b, braid_dtype wire_dtype);
+
+/** Mark a gradient as computed; launches its bucket's all-reduce once the
+ *  bucket is complete. */
+BRAID_API braid_status braid_bucketer_ready(braid_bucketer *b, int param_id);
+
+/** Wait for every bucket: afterwards every gradient holds the average over
+ *  ranks, in place. Resets for the next step. */
+BRAID_API braid_status braid_bucketer_finish(braid_bucketer *b);
+
+/** Number of buckets (valid after the first ready()). */
+BRAID_API int braid_bucketer_bucket_count(const braid_bucketer *b);
+
+BRAID_API void braid_bucketer_destroy(braid_bucketer *b);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BRAID_H */

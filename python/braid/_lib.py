@@ -1,0 +1,111 @@
+"""Locating and loading libbraid.so, and the C prototypes used through ctypes.
+
+No compiled extension: the binding only needs the shared library, found in
+this order:
+
+1. ``BRAID_LIBRARY`` (a path to the .so);
+2. next to this package (``braid/libbraid.so*``), for a copied install;
+3. a meson build directory of the source tree this package sits in
+   (``<repo>/build*/libbraid.so*``);
+4. the system's library path (``libbraid.so.0``).
+"""
+
+import ctypes
+import ctypes.util
+import glob
+import os
+
+# Values of the C enums in braid.h: part of the ABI.
+BRAID_OK = 0
+STATUS_NAMES = (
+    "BRAID_OK",
+    "BRAID_ERR_INVALID_ARG",
+    "BRAID_ERR_SYSTEM",
+    "BRAID_ERR_TIMEOUT",
+    "BRAID_ERR_PEER",
+    "BRAID_ERR_MISMATCH",
+    "BRAID_ERR_AUTH",
+    "BRAID_ERR_UNSUPPORTED",
+    "BRAID_ERR_CUDA",
+    "BRAID_ERR_ABORTED",
+    "BRAID_ERR_INTERNAL",
+    "BRAID_ERR_NO_MEMORY",
+)
+DTYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int8": 4, "uint8": 5, "int32": 6, "int64": 7}
+OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4}
+UNIQUE_ID_BYTES = 128
+
+
+class UniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_char * UNIQUE_ID_BYTES)]
+
+
+class Config(ctypes.Structure):
+    """braid_config; zero fields take the BRAID_* environment or defaults."""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("timeout_ms", ctypes.c_int),
+        ("nsocks", ctypes.c_int),
+        ("chunk_bytes", ctypes.c_size_t),
+        ("algo", ctypes.c_int),
+        ("transports", ctypes.c_char_p),
+        ("socket_ifname", ctypes.c_char_p),
+        ("checksum", ctypes.c_int),
+    ]
+
+
+def _candidates():
+    env = os.environ.get("BRAID_LIBRARY")
+    if env:
+        # An explicit choice is final: falling back silently would hide a
+        # typo behind whatever other copy happens to be around.
+        return [env]
+    here = os.path.dirname(os.path.abspath(__file__))
+    found = sorted(glob.glob(os.path.join(here, "libbraid.so*")))
+    root = os.path.dirname(os.path.dirname(here))  # <repo>/python/braid -> <repo>
+    found += sorted(glob.glob(os.path.join(root, "build*", "libbraid.so")))
+    system = ctypes.util.find_library("braid")
+    found += [system] if system else []
+    found.append("libbraid.so.0")
+    return found
+
+
+def _declare(lib):
+    c = ctypes
+    vp, sz, i, st = c.c_void_p, c.c_size_t, c.c_int, c.c_int
+    protos = {
+        "braid_status_string": (c.c_char_p, [st]),
+        "braid_last_error": (c.c_char_p, []),
+        "braid_version": (i, []),
+        "braid_unique_id": (st, [c.POINTER(UniqueId)]),
+        "braid_pg_init": (st, [c.POINTER(vp), i, i, c.POINTER(UniqueId), c.POINTER(Config)]),
+        "braid_pg_init_env": (st, [c.POINTER(vp), c.POINTER(Config)]),
+        "braid_pg_abort": (st, [vp]),
+        "braid_pg_destroy": (st, [vp]),
+        "braid_pg_rank": (i, [vp]),
+        "braid_pg_size": (i, [vp]),
+        "braid_allreduce": (st, [vp, vp, vp, sz, i, i, vp, c.POINTER(vp)]),
+        "braid_broadcast": (st, [vp, vp, sz, i, i, vp, c.POINTER(vp)]),
+        "braid_wait": (st, [vp, i]),
+        "braid_test": (st, [vp, c.POINTER(i)]),
+        "braid_work_free": (None, [vp]),
+    }
+    for name, (res, args) in protos.items():
+        fn = getattr(lib, name)
+        fn.restype = res
+        fn.argtypes = args
+    return lib
+
+
+def load():
+    """Load libbraid, raising OSError that lists every place tried."""
+    tried = []
+    for path in _candidates():
+        try:
+            return _declare(ctypes.CDLL(path)), path
+        except OSError as e:
+            tried.append("%s (%s)" % (path, e))
+    raise OSError(
+        "braid: cannot load libbraid.so; set BRAID_LIBRARY to its path. Tried: " + "; ".join(tried)
+    )

@@ -1,0 +1,85 @@
+/* Helpers shared by the collective algorithms. */
+#ifndef BRAID_ALGO_H
+#define BRAID_ALGO_H
+
+#include <stdint.h>
+
+#include "pg.h"
+
+#define BRAID_FP_BYTES 40 /* fingerprint message, sent before a collective's data */
+
+/* State every algorithm carries: the group, the deadline and a name for
+ * error messages. */
+typedef struct {
+    braid_pg *pg;
+    const braid_coll *coll;
+    int64_t deadline_ms;
+    const char *name;        /* "allreduce", "broadcast" */
+    /* The latest peer fingerprint being received, kept here so that a
+     * failure can still be explained by it (braid__fp_explain). */
+    struct {
+        braid_req req;
+        uint8_t theirs[BRAID_FP_BYTES];
+        int peer;
+        int posted;
+    } fp_in;
+} braid_algo_run;
+
+void braid__algo_run_init(braid_algo_run *run, braid_pg *pg, const braid_coll *coll);
+
+/* "allreduce", "reduce_scatter", ... for messages. */
+const char *braid__coll_name(braid_coll_kind kind);
+
+/* Block until some connection may progress, honouring abort and the
+ * deadline; `waiting_on` names the peer for the timeout message. */
+braid_status braid__algo_wait(braid_algo_run *run, braid_conn **conns, int nconns, int waiting_on);
+
+/* Non-blocking test of a request; transport errors get the op name. */
+braid_status braid__algo_test(braid_algo_run *run, braid_req *req, int *done);
+
+/* Blocking exchange with one peer: send sbuf and receive rbuf (either may
+ * be empty: len 0 skips it). With fp set, fingerprints are exchanged first
+ * and the peer's is checked before any data is accepted. */
+braid_status braid__algo_sendrecv(braid_algo_run *run, int send_peer, const void *sbuf, size_t slen,
+                                  int recv_peer, void *rbuf, size_t rlen, int fp);
+
+/* Post the receive of peer's fingerprint into run->fp_in, and test it:
+ * *checked = 1 once it arrived and matches this call. */
+braid_status braid__fp_recv(braid_algo_run *run, braid_conn *conn, int peer);
+braid_status braid__fp_poll(braid_algo_run *run, int *checked);
+
+/* Turn a failure into BRAID_ERR_MISMATCH when the peer's fingerprint did
+ * arrive and shows a different call (e.g. the transport saw the peer's
+ * data not fit ours before the algorithm looked): the message then names
+ * both calls. Other failures pass through. */
+braid_status braid__fp_explain(braid_algo_run *run, braid_status st);
+
+/* Encode this call's fingerprint, and compare a peer's against ours. */
+void braid__fp_encode(const braid_coll *coll, uint8_t out[BRAID_FP_BYTES]);
+braid_status braid__fp_check(braid_algo_run *run, int peer, const uint8_t theirs[BRAID_FP_BYTES]);
+
+/* Elements [start, start+len) of segment i when count is split n ways as
+ * evenly as possible (the first count % n segments get one more). */
+static inline void braid__segment(size_t count, int n, int i, size_t *start, size_t *len)
+{
+    size_t base = count / (size_t)n, rem = count % (size_t)n, ui = (size_t)i;
+    *start = ui * base + (ui < rem ? ui : rem);
+    *len = base + (ui < rem ? 1 : 0);
+}
+
+/* Algorithms. */
+braid_status braid__ring_allreduce(braid_algo_run *run);
+braid_status braid__rd_allreduce(braid_algo_run *run);
+braid_status braid__chain_broadcast(braid_algo_run *run);
+braid_status braid__chain_reduce(braid_algo_run *run);
+braid_status braid__ring_allgather(braid_algo_run *run);
+braid_status braid__ring_reduce_scatter(braid_algo_run *run);
+
+/* Sends and receives ops[0..nops) (SEND/RECV calls) progressed together;
+ * messages between two ranks match in posting order (algo/p2p.c). */
+braid_status braid__p2p_run(braid_algo_run *run, const braid_coll *ops, int nops);
+/* Sends to and receives from this rank itself in ops[0..nops) pair up in
+ * order with equal count and dtype; else BRAID_ERR_INVALID_ARG. */
+braid_status braid__p2p_check_self(const braid_pg *pg, const braid_coll *ops, int nops);
+
+#endif

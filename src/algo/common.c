@@ -1,0 +1,252 @@
+/* Waiting, testing and call fingerprints shared by every algorithm. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "algo.h"
+#include "clock.h"
+#include "status.h"
+
+/* Longest single block in the transport, so a stuck wait rechecks abort
+ * even if the wake fd were missed. */
+#define WAIT_SLICE_MS 200
+
+const char *braid__coll_name(braid_coll_kind kind)
+{
+    switch (kind) {
+    case BRAID_COLL_ALLREDUCE: return "allreduce";
+    case BRAID_COLL_BROADCAST: return "broadcast";
+    case BRAID_COLL_REDUCE: return "reduce";
+    case BRAID_COLL_ALLGATHER: return "allgather";
+    case BRAID_COLL_REDUCE_SCATTER: return "reduce_scatter";
+    case BRAID_COLL_SEND: return "send";
+    case BRAID_COLL_RECV: return "recv";
+    case BRAID_COLL_GROUP: return "group";
+    }
+    return "?";
+}
+
+void braid__algo_run_init(braid_algo_run *run, braid_pg *pg, const braid_coll *coll)
+{
+    run->pg = pg;
+    run->coll = coll;
+    run->deadline_ms = braid__now_ms() + pg->timeout_ms;
+    run->name = braid__coll_name(coll->kind);
+    run->fp_in.posted = 0;
+}
+
+braid_status braid__algo_wait(braid_algo_run *run, braid_conn **conns, int nconns, int waiting_on)
+{
+    braid_pg *pg = run->pg;
+    if (atomic_load(&pg->aborted))
+        return braid__error(BRAID_ERR_ABORTED, "rank %d: %s #%" PRIu64 " aborted by braid_pg_abort", pg->rank,
+                            run->name, run->coll->seq);
+    int64_t left = run->deadline_ms - braid__now_ms();
+    if (left <= 0)
+        return braid__error(BRAID_ERR_TIMEOUT,
+                            "rank %d: %s #%" PRIu64 " timed out after %d ms waiting for peer %d", pg->rank,
+                            run->name, run->coll->seq, pg->timeout_ms, waiting_on);
+    int slice = left < WAIT_SLICE_MS ? (int)left : WAIT_SLICE_MS;
+    braid_status st = conns[0]->ops->progress(conns, nconns, pg->wake_fd, slice);
+    if (st != BRAID_OK)
+        return st;
+    return BRAID_OK;
+}
+
+braid_status braid__algo_test(braid_algo_run *run, braid_req *req, int *done)
+{
+    (void)run;
+    return req->conn->ops->test(req, done);
+}
+
+/* Wire layout (little endian): magic u32, kind u8, op u8, dtype u8, pad u8,
+ * root i32, count u64, seq u64, zero padding to 40 bytes. */
+#define FP_MAGIC 0x50464442u /* "BDFP" */
+
+static void put_u32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put_u64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t get_u32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++)
+        v |= (uint32_t)p[i] << (8 * i);
+    return v;
+}
+
+static uint64_t get_u64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+typedef struct {
+    uint32_t magic;
+    int kind, op, dtype, root;
+    uint64_t count, seq;
+} fingerprint;
+
+static void fp_encode_fields(const fingerprint *f, uint8_t out[BRAID_FP_BYTES])
+{
+    memset(out, 0, BRAID_FP_BYTES);
+    put_u32(out, f->magic);
+    out[4] = (uint8_t)f->kind;
+    out[5] = (uint8_t)f->op;
+    out[6] = (uint8_t)f->dtype;
+    put_u32(out + 8, (uint32_t)f->root);
+    put_u64(out + 12, f->count);
+    put_u64(out + 20, f->seq);
+}
+
+static void fp_decode(const uint8_t in[BRAID_FP_BYTES], fingerprint *f)
+{
+    f->magic = get_u32(in);
+    f->kind = in[4];
+    f->op = in[5];
+    f->dtype = in[6];
+    f->root = (int)get_u32(in + 8);
+    f->count = get_u64(in + 12);
+    f->seq = get_u64(in + 20);
+}
+
+static void fp_from_coll(const braid_coll *c, fingerprint *f)
+{
+    f->magic = FP_MAGIC;
+    /* A message's send and its receive carry one wire kind, so that they
+     * match each other and nothing else. */
+    f->kind = c->kind == BRAID_COLL_RECV ? (int)BRAID_COLL_SEND : (int)c->kind;
+    /* Broadcast has no op or dtype beyond its byte count, but the dtype is
+     * still compared so count means the same thing on both sides. */
+    int has_op = c->kind == BRAID_COLL_ALLREDUCE || c->kind == BRAID_COLL_REDUCE ||
+                 c->kind == BRAID_COLL_REDUCE_SCATTER;
+    f->op = has_op ? (int)c->op : 0;
+    f->dtype = (int)c->dtype;
+    f->root = c->kind == BRAID_COLL_BROADCAST || c->kind == BRAID_COLL_REDUCE ? c->root : -1;
+    f->count = c->count;
+    f->seq = c->seq;
+}
+
+void braid__fp_encode(const braid_coll *coll, uint8_t out[BRAID_FP_BYTES])
+{
+    fingerprint f;
+    fp_from_coll(coll, &f);
+    fp_encode_fields(&f, out);
+}
+
+static void fp_describe(const fingerprint *f, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "#%" PRIu64 " %s(count=%" PRIu64 ", dtype=%d, op=%d, root=%d)", f->seq,
+             f->kind == BRAID_COLL_SEND ? "send/recv" : braid__coll_name((braid_coll_kind)f->kind), f->count,
+             f->dtype, f->op, f->root);
+}
+
+braid_status braid__fp_check(braid_algo_run *run, int peer, const uint8_t theirs[BRAID_FP_BYTES])
+{
+    fingerprint mine, other;
+    fp_from_coll(run->coll, &mine);
+    fp_decode(theirs, &other);
+    if (other.magic != FP_MAGIC)
+        return braid__error(BRAID_ERR_PEER, "rank %d: %s #%" PRIu64 ": peer %d sent a malformed call header",
+                            run->pg->rank, run->name, run->coll->seq, peer);
+    if (mine.kind == other.kind && mine.op == other.op && mine.dtype == other.dtype &&
+        mine.root == other.root && mine.count == other.count && mine.seq == other.seq)
+        return BRAID_OK;
+    char a[160], b[160];
+    fp_describe(&mine, a, sizeof(a));
+    fp_describe(&other, b, sizeof(b));
+    return braid__error(BRAID_ERR_MISMATCH, "rank %d called %s but peer %d called %s", run->pg->rank, a, peer, b);
+}
+
+braid_status braid__algo_sendrecv(braid_algo_run *run, int send_peer, const void *sbuf, size_t slen,
+                                  int recv_peer, void *rbuf, size_t rlen, int fp)
+{
+    braid_pg *pg = run->pg;
+    braid_conn *sc = NULL, *rc = NULL, *conns[2];
+    int nconns = 0;
+    if (send_peer >= 0) {
+        BRAID_CHECK(braid__pg_conn(pg, send_peer, &sc));
+        conns[nconns++] = sc;
+    }
+    if (recv_peer >= 0) {
+        BRAID_CHECK(braid__pg_conn(pg, recv_peer, &rc));
+        if (rc != sc)
+            conns[nconns++] = rc;
+    }
+    if (nconns == 0)
+        return BRAID_OK;
+
+    uint8_t fp_mine[BRAID_FP_BYTES];
+    braid_req reqs[3];
+    int nreq = 0, fp_checked = !(fp && rc);
+    if (fp) {
+        braid__fp_encode(run->coll, fp_mine);
+        if (sc)
+            BRAID_CHECK(sc->ops->isend(sc, &reqs[nreq++], fp_mine, sizeof(fp_mine)));
+        if (rc)
+            BRAID_CHECK(braid__fp_recv(run, rc, recv_peer));
+    }
+    if (sc)
+        BRAID_CHECK(sc->ops->isend(sc, &reqs[nreq++], sbuf, slen));
+    if (rc)
+        BRAID_CHECK(rc->ops->irecv(rc, &reqs[nreq++], rbuf, rlen));
+
+    int done_mask = 0, all = (1 << nreq) - 1;
+    while (done_mask != all || !fp_checked) {
+        int moved = 0;
+        if (!fp_checked) {
+            BRAID_CHECK(braid__fp_poll(run, &fp_checked));
+            moved |= fp_checked;
+        }
+        for (int i = 0; i < nreq; i++) {
+            if (done_mask & (1 << i))
+                continue;
+            int done = 0;
+            BRAID_CHECK(braid__algo_test(run, &reqs[i], &done));
+            if (!done)
+                continue;
+            done_mask |= 1 << i;
+            moved = 1;
+        }
+        if (!moved && (done_mask != all || !fp_checked))
+            BRAID_CHECK(braid__algo_wait(run, conns, nconns, recv_peer >= 0 ? recv_peer : send_peer));
+    }
+    return BRAID_OK;
+}
+
+braid_status braid__fp_recv(braid_algo_run *run, braid_conn *conn, int peer)
+{
+    run->fp_in.peer = peer;
+    run->fp_in.posted = 1;
+    return conn->ops->irecv(conn, &run->fp_in.req, run->fp_in.theirs, BRAID_FP_BYTES);
+}
+
+braid_status braid__fp_poll(braid_algo_run *run, int *checked)
+{
+    int done = 0;
+    BRAID_CHECK(braid__algo_test(run, &run->fp_in.req, &done));
+    if (done) {
+        run->fp_in.posted = 0;
+        BRAID_CHECK(braid__fp_check(run, run->fp_in.peer, run->fp_in.theirs));
+    }
+    *checked = done;
+    return BRAID_OK;
+}
+
+braid_status braid__fp_explain(braid_algo_run *run, braid_status st)
+{
+    if (st == BRAID_OK || !run->fp_in.posted || !run->fp_in.req.done)
+        return st;
+    run->fp_in.posted = 0;
+    return braid__fp_check(run, run->fp_in.peer, run->fp_in.theirs) == BRAID_ERR_MISMATCH ? BRAID_ERR_MISMATCH : st;
+}

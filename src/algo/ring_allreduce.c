@@ -1,0 +1,211 @@
+/* Ring all-reduce: reduce-scatter then all-gather around the ring, each
+ * segment cut into chunks that flow through a pipeline, so that sending to
+ * the next rank, receiving from the previous one and reducing all overlap.
+ *
+ * With n ranks the buffer is split into n segments. At step s (0..2n-3)
+ * rank r sends segment (r - s) mod n to rank r+1 and receives segment
+ * (r - s - 1) mod n from rank r-1. Steps 0..n-2 reduce the received chunk
+ * into the local one (reduce-scatter; the last of them completes a segment
+ * and applies AVG's division); steps n-1..2n-3 copy the finished segments
+ * around (all-gather), received straight into the user's buffer.
+ *
+ * The chunk sent at step s >= 1 is the chunk received at step s-1, so the
+ * sends are gated, in order, by the receives: send item k (k >= chunks of
+ * step 0) may go once receive item k - chunks(step 0) is done. */
+#include <string.h>
+
+#include "algo.h"
+#include "reduce/reduce.h"
+#include "status.h"
+
+#define RECV_SLOTS 4   /* reduce-scatter chunks in flight (staging buffers) */
+#define SEND_WINDOW 8  /* sends posted ahead of completion */
+
+/* Walks the (step, chunk) items of one direction in order. */
+typedef struct {
+    int step, steps;      /* current step, total steps */
+    int shift;            /* segment = (rank - step - shift) mod n */
+    size_t chunk;         /* chunk index in the current segment */
+    size_t seg_start, seg_len, nchunks;
+} cursor;
+
+typedef struct {
+    braid_algo_run *run;
+    int n, rank;
+    size_t elems_per_chunk, esize;
+} ring;
+
+static void cursor_load_step(const ring *g, cursor *c)
+{
+    int seg = ((g->rank - c->step - c->shift) % g->n + g->n) % g->n;
+    braid__segment(g->run->coll->count, g->n, seg, &c->seg_start, &c->seg_len);
+    c->nchunks = (c->seg_len + g->elems_per_chunk - 1) / g->elems_per_chunk;
+    c->chunk = 0;
+}
+
+/* Skip to the first step that has a chunk; leaves step == steps at the end. */
+static void cursor_settle(const ring *g, cursor *c)
+{
+    while (c->step < c->steps && c->chunk >= c->nchunks) {
+        c->step++;
+        if (c->step < c->steps)
+            cursor_load_step(g, c);
+    }
+}
+
+static void cursor_init(const ring *g, cursor *c, int shift)
+{
+    c->step = 0;
+    c->steps = 2 * (g->n - 1);
+    c->shift = shift;
+    cursor_load_step(g, c);
+    cursor_settle(g, c);
+}
+
+static void cursor_next(const ring *g, cursor *c)
+{
+    c->chunk++;
+    cursor_settle(g, c);
+}
+
+static int cursor_done(const cursor *c)
+{
+    return c->step >= c->steps;
+}
+
+/* Element range [off, off+len) of the cursor's current chunk. */
+static void cursor_range(const ring *g, const cursor *c, size_t *off, size_t *len)
+{
+    size_t first = c->chunk * g->elems_per_chunk;
+    *off = c->seg_start + first;
+    *len = c->seg_len - first < g->elems_per_chunk ? c->seg_len - first : g->elems_per_chunk;
+}
+
+static void copy_and_scale(const braid_coll *coll, int n)
+{
+    size_t bytes = coll->count * braid_dtype_size(coll->dtype);
+    if (coll->recv != coll->send && bytes)
+        memmove(coll->recv, coll->send, bytes);
+    braid__reduce_scale(coll->dtype, coll->op, coll->recv, coll->count, n);
+}
+
+braid_status braid__ring_allreduce(braid_algo_run *run)
+{
+    braid_pg *pg = run->pg;
+    const braid_coll *coll = run->coll;
+    ring g = {.run = run, .n = pg->size, .rank = pg->rank, .esize = braid_dtype_size(coll->dtype)};
+    braid_status st;
+
+    if (g.n == 1) {
+        copy_and_scale(coll, 1);
+        return BRAID_OK;
+    }
+    g.elems_per_chunk = pg->chunk_bytes / g.esize;
+    if (g.elems_per_chunk == 0)
+        g.elems_per_chunk = 1;
+
+    int next = (g.rank + 1) % g.n, prev = (g.rank + g.n - 1) % g.n;
+    braid_conn *conns[2];
+    BRAID_CHECK(braid__pg_conn(pg, next, &conns[0]));
+    BRAID_CHECK(braid__pg_conn(pg, prev, &conns[1]));
+    int nconns = conns[0] == conns[1] ? 1 : 2;
+
+    uint8_t *staging;
+    size_t slot_bytes = g.elems_per_chunk * g.esize;
+    BRAID_CHECK(braid__pg_scratch(pg, RECV_SLOTS * slot_bytes, (void **)&staging));
+
+    const uint8_t *send = coll->send;
+    uint8_t *recv = coll->recv;
+
+    /* Call fingerprints go first on each link; the receive side checks the
+     * previous rank's before touching any data. */
+    uint8_t fp_mine[BRAID_FP_BYTES];
+    braid_req fp_send_req;
+    braid__fp_encode(coll, fp_mine);
+    BRAID_CHECK(conns[0]->ops->isend(conns[0], &fp_send_req, fp_mine, sizeof(fp_mine)));
+    BRAID_CHECK(braid__fp_recv(run, conns[nconns - 1], prev));
+    int fp_sent = 0, fp_checked = 0;
+
+    braid_req recv_reqs[RECV_SLOTS], send_reqs[SEND_WINDOW];
+    cursor post_r, done_r, post_s;
+    cursor_init(&g, &post_r, 1);
+    cursor_init(&g, &done_r, 1);
+    cursor_init(&g, &post_s, 0);
+    size_t n_posted_r = 0, n_done_r = 0, n_posted_s = 0, n_done_s = 0;
+    size_t step0_sends = post_s.step == 0 ? post_s.nchunks : 0;
+    braid_conn *to_next = conns[0], *from_prev = conns[nconns - 1];
+
+    for (;;) {
+        int moved = 0;
+
+        /* Post sends whose data is final: step 0 from the input, later
+         * steps from the chunk just received into the output. */
+        while (!cursor_done(&post_s) && n_posted_s - n_done_s < SEND_WINDOW &&
+               (n_posted_s < step0_sends || n_posted_s - step0_sends < n_done_r)) {
+            size_t off, len;
+            cursor_range(&g, &post_s, &off, &len);
+            const uint8_t *src = (post_s.step == 0 ? send : recv) + off * g.esize;
+            BRAID_CHECK(to_next->ops->isend(to_next, &send_reqs[n_posted_s % SEND_WINDOW], src, len * g.esize));
+            n_posted_s++;
+            cursor_next(&g, &post_s);
+            moved = 1;
+        }
+        /* Post receives: reduce-scatter chunks into staging slots,
+         * all-gather chunks straight into place. */
+        while (!cursor_done(&post_r) && n_posted_r - n_done_r < RECV_SLOTS) {
+            size_t off, len;
+            cursor_range(&g, &post_r, &off, &len);
+            uint8_t *dst = post_r.step < g.n - 1 ? staging + (n_posted_r % RECV_SLOTS) * slot_bytes
+                                                 : recv + off * g.esize;
+            BRAID_CHECK(from_prev->ops->irecv(from_prev, &recv_reqs[n_posted_r % RECV_SLOTS], dst, len * g.esize));
+            n_posted_r++;
+            cursor_next(&g, &post_r);
+            moved = 1;
+        }
+
+        int done;
+        if (!fp_checked) {
+            BRAID_CHECK(braid__fp_poll(run, &fp_checked));
+            moved |= fp_checked;
+        }
+        while (fp_checked && n_done_r < n_posted_r) {
+            braid_req *req = &recv_reqs[n_done_r % RECV_SLOTS];
+            BRAID_CHECK(braid__algo_test(run, req, &done));
+            if (!done)
+                break;
+            if (done_r.step < g.n - 1) {
+                size_t off, len;
+                cursor_range(&g, &done_r, &off, &len);
+                const uint8_t *slot = staging + (n_done_r % RECV_SLOTS) * slot_bytes;
+                if (done_r.step == g.n - 2)
+                    braid__reduce_final(coll->dtype, coll->op, recv + off * g.esize, send + off * g.esize, slot,
+                                        len, g.n);
+                else
+                    braid__reduce(coll->dtype, coll->op, recv + off * g.esize, send + off * g.esize, slot, len);
+            }
+            n_done_r++;
+            cursor_next(&g, &done_r);
+            moved = 1;
+        }
+        if (!fp_sent) {
+            BRAID_CHECK(braid__algo_test(run, &fp_send_req, &fp_sent));
+            moved |= fp_sent;
+        }
+        while (n_done_s < n_posted_s) {
+            BRAID_CHECK(braid__algo_test(run, &send_reqs[n_done_s % SEND_WINDOW], &done));
+            if (!done)
+                break;
+            n_done_s++;
+            moved = 1;
+        }
+
+        if (fp_sent && fp_checked && cursor_done(&post_s) && cursor_done(&post_r) && n_done_r == n_posted_r &&
+            n_done_s == n_posted_s)
+            return BRAID_OK;
+        if (!moved) {
+            st = braid__algo_wait(run, conns, nconns, n_done_r < n_posted_r || !fp_checked ? prev : next);
+            if (st != BRAID_OK)
+                return st;
+        }
+    }
+}

@@ -1,0 +1,157 @@
+/* Ring reduce-scatter: the first half of the ring all-reduce on its own.
+ *
+ * send holds n blocks of `count` elements; rank r ends with the reduction
+ * of block r over all ranks in recv. At step s (0..n-2) rank r sends block
+ * (r - s - 1) mod n to rank r+1 and receives block (r - s - 2) mod n from
+ * rank r-1, which it combines with its own input of that block; the last
+ * step's block is r itself, combined with the final pass (AVG's division).
+ *
+ * Unlike the all-reduce, recv is one block, not the whole buffer, so the
+ * running partial of each step is kept in recv itself: a chunk received at
+ * step s is reduced into recv at its offset and forwarded from there at
+ * step s+1. A chunk of recv is therefore rewritten only after the send
+ * that reads the previous step's partial from it has completed. Receives
+ * land in staging slots, freed as soon as they are reduced. Every wait is
+ * on an earlier item, here or on a neighbour, so the pipeline cannot stall
+ * on itself whatever the chunk count.
+ *
+ * In place (recv == send + r * count) the partials would overwrite the own
+ * input of block r before its final use, so that block is stashed first. */
+#include <string.h>
+
+#include "algo.h"
+#include "reduce/reduce.h"
+#include "status.h"
+
+#define RECV_SLOTS 8   /* chunks in flight into staging */
+#define SEND_WINDOW 8  /* sends posted ahead of completion */
+
+typedef struct {
+    int n, rank;
+    size_t count, esize, elems_per_chunk, chunks; /* chunks per block */
+} layout;
+
+/* Item k is (step k / chunks, chunk k % chunks); the block it carries is
+ * (rank - step - shift) mod n: shift 1 for sends, 2 for receives. */
+static void item_range(const layout *g, size_t k, int shift, int *step, int *block, size_t *off, size_t *len)
+{
+    *step = (int)(k / g->chunks);
+    *block = ((g->rank - *step - shift) % g->n + g->n) % g->n;
+    *off = (k % g->chunks) * g->elems_per_chunk;
+    *len = g->count - *off < g->elems_per_chunk ? g->count - *off : g->elems_per_chunk;
+}
+
+braid_status braid__ring_reduce_scatter(braid_algo_run *run)
+{
+    braid_pg *pg = run->pg;
+    const braid_coll *coll = run->coll;
+    layout g = {.n = pg->size, .rank = pg->rank, .count = coll->count, .esize = braid_dtype_size(coll->dtype)};
+    const uint8_t *send = coll->send;
+    uint8_t *recv = coll->recv;
+    size_t block_bytes = g.count * g.esize;
+
+    if (g.n == 1) {
+        if (block_bytes && (const uint8_t *)recv != send)
+            memmove(recv, send, block_bytes);
+        braid__reduce_scale(coll->dtype, coll->op, recv, g.count, 1);
+        return BRAID_OK;
+    }
+    g.elems_per_chunk = pg->chunk_bytes / g.esize ? pg->chunk_bytes / g.esize : 1;
+    g.chunks = (g.count + g.elems_per_chunk - 1) / g.elems_per_chunk;
+    size_t total = (size_t)(g.n - 1) * g.chunks, last_step_first = (size_t)(g.n - 2) * g.chunks;
+
+    int next = (g.rank + 1) % g.n, prev = (g.rank + g.n - 1) % g.n;
+    braid_conn *conns[2];
+    BRAID_CHECK(braid__pg_conn(pg, next, &conns[0]));
+    BRAID_CHECK(braid__pg_conn(pg, prev, &conns[1]));
+    int nconns = conns[0] == conns[1] ? 1 : 2;
+    braid_conn *to_next = conns[0], *from_prev = conns[nconns - 1];
+
+    /* A slot never needs more than one block, whatever the chunk size. */
+    size_t slot_bytes = (g.elems_per_chunk < g.count ? g.elems_per_chunk : g.count) * g.esize;
+    int in_place = block_bytes && (const uint8_t *)recv == send + (size_t)g.rank * block_bytes;
+    uint8_t *staging;
+    BRAID_CHECK(braid__pg_scratch(pg, RECV_SLOTS * slot_bytes + (in_place ? block_bytes : 0), (void **)&staging));
+    const uint8_t *own_block = send + (size_t)g.rank * block_bytes;
+    if (in_place) {
+        memcpy(staging + RECV_SLOTS * slot_bytes, own_block, block_bytes);
+        own_block = staging + RECV_SLOTS * slot_bytes;
+    }
+
+    uint8_t fp_mine[BRAID_FP_BYTES], fp_theirs[BRAID_FP_BYTES];
+    braid_req fp_send_req, fp_recv_req;
+    braid__fp_encode(coll, fp_mine);
+    BRAID_CHECK(to_next->ops->isend(to_next, &fp_send_req, fp_mine, sizeof(fp_mine)));
+    BRAID_CHECK(from_prev->ops->irecv(from_prev, &fp_recv_req, fp_theirs, sizeof(fp_theirs)));
+    int fp_sent = 0, fp_checked = 0;
+
+    braid_req recv_reqs[RECV_SLOTS], send_reqs[SEND_WINDOW];
+    size_t posted_r = 0, done_r = 0, reduced = 0, posted_s = 0, done_s = 0;
+
+    for (;;) {
+        int moved = 0, done, step, block;
+        size_t off, len;
+
+        /* Step 0 sends the own input; later steps forward the partial that
+         * the previous step's reduce left in recv. */
+        while (posted_s < total && posted_s - done_s < SEND_WINDOW &&
+               (posted_s < g.chunks || posted_s - g.chunks < reduced)) {
+            item_range(&g, posted_s, 1, &step, &block, &off, &len);
+            const uint8_t *src = step == 0 ? send + ((size_t)block * g.count + off) * g.esize : recv + off * g.esize;
+            BRAID_CHECK(to_next->ops->isend(to_next, &send_reqs[posted_s % SEND_WINDOW], src, len * g.esize));
+            posted_s++;
+            moved = 1;
+        }
+        while (posted_r < total && posted_r - reduced < RECV_SLOTS) {
+            item_range(&g, posted_r, 2, &step, &block, &off, &len);
+            uint8_t *slot = staging + (posted_r % RECV_SLOTS) * slot_bytes;
+            BRAID_CHECK(from_prev->ops->irecv(from_prev, &recv_reqs[posted_r % RECV_SLOTS], slot, len * g.esize));
+            posted_r++;
+            moved = 1;
+        }
+        if (!fp_checked) {
+            BRAID_CHECK(braid__algo_test(run, &fp_recv_req, &done));
+            if (done) {
+                BRAID_CHECK(braid__fp_check(run, prev, fp_theirs));
+                fp_checked = moved = 1;
+            }
+        }
+        while (fp_checked && done_r < posted_r) {
+            BRAID_CHECK(braid__algo_test(run, &recv_reqs[done_r % RECV_SLOTS], &done));
+            if (!done)
+                break;
+            done_r++;
+            moved = 1;
+        }
+        if (!fp_sent) {
+            BRAID_CHECK(braid__algo_test(run, &fp_send_req, &fp_sent));
+            moved |= fp_sent;
+        }
+        while (done_s < posted_s) {
+            BRAID_CHECK(braid__algo_test(run, &send_reqs[done_s % SEND_WINDOW], &done));
+            if (!done)
+                break;
+            done_s++;
+            moved = 1;
+        }
+        /* Reduce in order. From step 1 on, the recv chunk being written
+         * still holds the previous partial until its forwarding send is done. */
+        while (reduced < done_r && (reduced < g.chunks || reduced < done_s)) {
+            item_range(&g, reduced, 2, &step, &block, &off, &len);
+            const uint8_t *slot = staging + (reduced % RECV_SLOTS) * slot_bytes;
+            const uint8_t *mine = (block == g.rank ? own_block : send + (size_t)block * block_bytes) + off * g.esize;
+            uint8_t *dst = recv + off * g.esize;
+            if (reduced >= last_step_first)
+                braid__reduce_final(coll->dtype, coll->op, dst, mine, slot, len, g.n);
+            else
+                braid__reduce(coll->dtype, coll->op, dst, mine, slot, len);
+            reduced++;
+            moved = 1;
+        }
+
+        if (fp_sent && fp_checked && reduced == total && done_s == total)
+            return BRAID_OK;
+        if (!moved)
+            BRAID_CHECK(braid__algo_wait(run, conns, nconns, done_r < total || !fp_checked ? prev : next));
+    }
+}

@@ -1,0 +1,348 @@
+/* Job-secret handshake: messages, proofs and the two sides of the exchange
+ * (see auth.h for the protocol). */
+#include <errno.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "auth.h"
+#include "sock.h"
+#include "status.h"
+
+/* Domain separation: a braid proof is never valid for anything else keyed
+ * by the same secret. */
+#define MAC_LABEL "braid-auth-v1"
+#define MAC_LABEL_LEN (sizeof(MAC_LABEL) - 1)
+
+braid_status braid__random_bytes(void *buf, size_t len)
+{
+    if (len > (size_t)0x7fffffff || RAND_bytes(buf, (int)len) != 1)
+        return braid__error(BRAID_ERR_SYSTEM, "no randomness: RAND_bytes failed for %zu bytes", len);
+    return BRAID_OK;
+}
+
+static void put16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)(v >> 8);
+    p[1] = (uint8_t)v;
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (24 - 8 * i));
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (56 - 8 * i));
+}
+
+static uint16_t get16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] << 8 | p[1]);
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+    return (uint64_t)get32(p) << 32 | get32(p + 4);
+}
+
+void braid__hello_encode(const braid_hello *h, uint8_t out[BRAID_HELLO_BYTES])
+{
+    memcpy(out, BRAID_HELLO_MAGIC, 4);
+    put16(out + 4, h->version);
+    out[6] = h->role;
+    out[7] = 0;
+    put32(out + 8, (uint32_t)h->rank);
+    put32(out + 12, (uint32_t)h->target);
+    put64(out + 16, h->pg_tag);
+    memcpy(out + 24, h->nonce, BRAID_NONCE_BYTES);
+    put16(out + 40, h->sock_index);
+    put16(out + 42, h->nsocks);
+}
+
+braid_status braid__hello_decode(const uint8_t *buf, size_t len, braid_hello *h)
+{
+    if (!buf || len != BRAID_HELLO_BYTES)
+        return braid__error_quiet(BRAID_ERR_AUTH, "hello of %zu bytes, expected %d", buf ? len : 0,
+                                  BRAID_HELLO_BYTES);
+    if (memcmp(buf, BRAID_HELLO_MAGIC, 4) != 0)
+        return braid__error_quiet(BRAID_ERR_AUTH, "not a braid hello (bad magic %02x%02x%02x%02x)", buf[0], buf[1],
+                                  buf[2], buf[3]);
+    braid_hello t;
+    t.version = get16(buf + 4);
+    t.role = buf[6];
+    t.rank = (int32_t)get32(buf + 8);
+    t.target = (int32_t)get32(buf + 12);
+    t.pg_tag = get64(buf + 16);
+    memcpy(t.nonce, buf + 24, BRAID_NONCE_BYTES);
+    t.sock_index = get16(buf + 40);
+    t.nsocks = get16(buf + 42);
+    if (t.version != BRAID_WIRE_VERSION)
+        return braid__error_quiet(BRAID_ERR_AUTH, "wire version %u, this build speaks %d", t.version,
+                                  BRAID_WIRE_VERSION);
+    if (t.role < 1 || t.role > BRAID_ROLE_MAX)
+        return braid__error_quiet(BRAID_ERR_AUTH, "unknown role %u in hello", t.role);
+    if (buf[7] != 0)
+        return braid__error_quiet(BRAID_ERR_AUTH, "unknown flags 0x%02x in hello", buf[7]);
+    if (t.rank < 0 || t.target < -1)
+        return braid__error_quiet(BRAID_ERR_AUTH, "rank %d / target %d out of range in hello", t.rank, t.target);
+    *h = t;
+    return BRAID_OK;
+}
+
+braid_status braid__auth_mac(const uint8_t secret[BRAID_SECRET_BYTES], uint8_t role,
+                             const uint8_t hello_i[BRAID_HELLO_BYTES], const uint8_t hello_a[BRAID_HELLO_BYTES],
+                             uint8_t out[BRAID_MAC_BYTES])
+{
+    uint8_t msg[MAC_LABEL_LEN + 1 + 2 * BRAID_HELLO_BYTES];
+    memcpy(msg, MAC_LABEL, MAC_LABEL_LEN);
+    msg[MAC_LABEL_LEN] = role;
+    memcpy(msg + MAC_LABEL_LEN + 1, hello_i, BRAID_HELLO_BYTES);
+    memcpy(msg + MAC_LABEL_LEN + 1 + BRAID_HELLO_BYTES, hello_a, BRAID_HELLO_BYTES);
+    unsigned int len = 0;
+    if (!HMAC(EVP_sha256(), secret, BRAID_SECRET_BYTES, msg, sizeof(msg), out, &len) || len != BRAID_MAC_BYTES)
+        return braid__error(BRAID_ERR_SYSTEM, "HMAC-SHA256 failed in libcrypto");
+    return BRAID_OK;
+}
+
+braid_status braid__auth_mac_check(const uint8_t secret[BRAID_SECRET_BYTES], uint8_t role,
+                                   const uint8_t hello_i[BRAID_HELLO_BYTES],
+                                   const uint8_t hello_a[BRAID_HELLO_BYTES], const uint8_t mac[BRAID_MAC_BYTES])
+{
+    uint8_t want[BRAID_MAC_BYTES];
+    BRAID_CHECK(braid__auth_mac(secret, role, hello_i, hello_a, want));
+    int diff = CRYPTO_memcmp(want, mac, BRAID_MAC_BYTES);
+    OPENSSL_cleanse(want, sizeof(want));
+    if (diff != 0)
+        return braid__error_quiet(BRAID_ERR_AUTH, "wrong authentication proof (a different job secret?)");
+    return BRAID_OK;
+}
+
+void braid__auth_result_encode(uint32_t result, uint8_t out[BRAID_RESULT_BYTES])
+{
+    put32(out, result);
+}
+
+braid_status braid__auth_result_decode(const uint8_t *buf, size_t len, uint32_t *result)
+{
+    if (!buf || len != BRAID_RESULT_BYTES)
+        return braid__error_quiet(BRAID_ERR_AUTH, "handshake result of %zu bytes, expected %d", buf ? len : 0,
+                                  BRAID_RESULT_BYTES);
+    uint32_t r = get32(buf);
+    if (r > BRAID_AUTH_REJECT_MAX)
+        return braid__error_quiet(BRAID_ERR_AUTH, "unknown handshake result %u", r);
+    *result = r;
+    return BRAID_OK;
+}
+
+const char *braid__auth_result_string(uint32_t result)
+{
+    switch (result) {
+    case BRAID_AUTH_ACCEPTED: return "accepted";
+    case BRAID_AUTH_REJECT_DUPLICATE: return "duplicate connection";
+    case BRAID_AUTH_REJECT_GROUP: return "different process group (pg_tag)";
+    case BRAID_AUTH_REJECT_RANK: return "rank out of range or wrong target rank";
+    case BRAID_AUTH_REJECT_SOCKETS: return "invalid or inconsistent socket index/count";
+    default: return "unknown verdict";
+    }
+}
+
+static const char *role_name(unsigned role)
+{
+    static const char *const names[] = {"?", "store client", "store server", "tcp connector", "tcp acceptor"};
+    return role <= BRAID_ROLE_MAX ? names[role] : "?";
+}
+
+/* ---- initiator ------------------------------------------------------------ */
+
+braid_status braid__auth_initiate(int fd, const uint8_t secret[BRAID_SECRET_BYTES], braid_hello *self,
+                                  uint8_t peer_role, int64_t deadline_ms, const char *what, braid_hello *peer,
+                                  uint32_t *result)
+{
+    uint8_t raw_i[BRAID_HELLO_BYTES], in[BRAID_HELLO_BYTES + BRAID_MAC_BYTES], mac[BRAID_MAC_BYTES];
+    uint8_t res[BRAID_RESULT_BYTES];
+    char reason[256];
+    braid_hello h;
+
+    self->version = BRAID_WIRE_VERSION;
+    BRAID_CHECK(braid__random_bytes(self->nonce, sizeof(self->nonce)));
+    braid__hello_encode(self, raw_i);
+    BRAID_CHECK(braid__sock_write_full(fd, raw_i, sizeof(raw_i), deadline_ms, what));
+    BRAID_CHECK(braid__sock_read_full(fd, in, sizeof(in), deadline_ms, what));
+    if (braid__hello_decode(in, BRAID_HELLO_BYTES, &h) != BRAID_OK) {
+        snprintf(reason, sizeof(reason), "%s", braid_last_error());
+        return braid__error(BRAID_ERR_AUTH, "%s: not a braid peer, dropped: %s", what, reason);
+    }
+    if (h.role != peer_role)
+        return braid__error(BRAID_ERR_AUTH, "%s: peer answered as a %s, expected a %s", what, role_name(h.role),
+                            role_name(peer_role));
+    if (braid__auth_mac_check(secret, peer_role, raw_i, in, in + BRAID_HELLO_BYTES) != BRAID_OK)
+        return braid__error(BRAID_ERR_AUTH, "%s: peer failed authentication: wrong proof of the job secret "
+                            "(another job, or a different unique id / BRAID_JOB_SECRET?)", what);
+    BRAID_CHECK(braid__auth_mac(secret, self->role, raw_i, in, mac));
+    braid_status st = braid__sock_write_full(fd, mac, sizeof(mac), deadline_ms, what);
+    OPENSSL_cleanse(mac, sizeof(mac));
+    if (st != BRAID_OK)
+        return st;
+    BRAID_CHECK(braid__sock_read_full(fd, res, sizeof(res), deadline_ms, what));
+    uint32_t r;
+    if (braid__auth_result_decode(res, sizeof(res), &r) != BRAID_OK) {
+        snprintf(reason, sizeof(reason), "%s", braid_last_error());
+        return braid__error(BRAID_ERR_AUTH, "%s: %s", what, reason);
+    }
+    *peer = h;
+    *result = r;
+    return BRAID_OK;
+}
+
+/* ---- acceptor ---------------------------------------------------------------- */
+
+braid_status braid__auth_accept_init(braid_auth_accept *hs, const uint8_t secret[BRAID_SECRET_BYTES],
+                                     const braid_hello *self, uint8_t peer_role)
+{
+    braid_hello me = *self;
+    memset(hs, 0, sizeof(*hs));
+    me.version = BRAID_WIRE_VERSION;
+    BRAID_CHECK(braid__random_bytes(me.nonce, sizeof(me.nonce)));
+    braid__hello_encode(&me, hs->raw_a);
+    memcpy(hs->secret, secret, BRAID_SECRET_BYTES);
+    hs->state = BRAID_AUTH_RECV_HELLO;
+    hs->peer_role = peer_role;
+    hs->self_role = me.role;
+    hs->len = BRAID_HELLO_BYTES;
+    return BRAID_OK;
+}
+
+short braid__auth_accept_events(const braid_auth_accept *hs)
+{
+    switch (hs->state) {
+    case BRAID_AUTH_RECV_HELLO:
+    case BRAID_AUTH_RECV_MAC:
+        return POLLIN;
+    case BRAID_AUTH_SEND_HELLO:
+    case BRAID_AUTH_SEND_RESULT:
+        return POLLOUT;
+    default:
+        return 0;
+    }
+}
+
+void braid__auth_accept_finish(braid_auth_accept *hs, uint32_t result)
+{
+    if (hs->state != BRAID_AUTH_VERIFIED)
+        return;
+    hs->result = result;
+    braid__auth_result_encode(result, hs->buf);
+    hs->pos = 0;
+    hs->len = BRAID_RESULT_BYTES;
+    hs->state = BRAID_AUTH_SEND_RESULT;
+}
+
+void braid__auth_accept_clear(braid_auth_accept *hs)
+{
+    OPENSSL_cleanse(hs->secret, sizeof(hs->secret));
+}
+
+/* Receive into buf[pos..len): 1 when complete, 0 when it would block. */
+static braid_status recv_some(braid_auth_accept *hs, int fd, int *complete)
+{
+    while (hs->pos < hs->len) {
+        ssize_t n = recv(fd, hs->buf + hs->pos, hs->len - hs->pos, 0);
+        if (n > 0) {
+            hs->pos += (size_t)n;
+            hs->bytes_in += (size_t)n;
+        } else if (n == 0) {
+            return braid__error_quiet(BRAID_ERR_PEER, "closed the connection during the handshake after %zu bytes",
+                                      hs->bytes_in);
+        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            *complete = 0;
+            return BRAID_OK;
+        } else if (errno != EINTR) {
+            return braid__error_quiet(braid__sock_errno_status(errno), "recv during the handshake: %m");
+        }
+    }
+    *complete = 1;
+    return BRAID_OK;
+}
+
+static braid_status send_some(braid_auth_accept *hs, int fd, int *complete)
+{
+    while (hs->pos < hs->len) {
+        ssize_t n = send(fd, hs->buf + hs->pos, hs->len - hs->pos, MSG_NOSIGNAL);
+        if (n >= 0) {
+            hs->pos += (size_t)n;
+        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            *complete = 0;
+            return BRAID_OK;
+        } else if (errno != EINTR) {
+            return braid__error_quiet(braid__sock_errno_status(errno), "send during the handshake: %m");
+        }
+    }
+    *complete = 1;
+    return BRAID_OK;
+}
+
+braid_status braid__auth_accept_step(braid_auth_accept *hs, int fd)
+{
+    int complete;
+    for (;;) {
+        switch (hs->state) {
+        case BRAID_AUTH_RECV_HELLO:
+            BRAID_CHECK(recv_some(hs, fd, &complete));
+            if (!complete)
+                return BRAID_OK;
+            memcpy(hs->raw_i, hs->buf, BRAID_HELLO_BYTES);
+            BRAID_CHECK(braid__hello_decode(hs->raw_i, BRAID_HELLO_BYTES, &hs->peer));
+            if (hs->peer.role != hs->peer_role)
+                return braid__error_quiet(BRAID_ERR_AUTH, "hello from a %s, expected a %s",
+                                          role_name(hs->peer.role), role_name(hs->peer_role));
+            memcpy(hs->buf, hs->raw_a, BRAID_HELLO_BYTES);
+            BRAID_CHECK(braid__auth_mac(hs->secret, hs->self_role, hs->raw_i, hs->raw_a,
+                                        hs->buf + BRAID_HELLO_BYTES));
+            hs->pos = 0;
+            hs->len = BRAID_HELLO_BYTES + BRAID_MAC_BYTES;
+            hs->state = BRAID_AUTH_SEND_HELLO;
+            break;
+        case BRAID_AUTH_SEND_HELLO:
+            BRAID_CHECK(send_some(hs, fd, &complete));
+            if (!complete)
+                return BRAID_OK;
+            hs->pos = 0;
+            hs->len = BRAID_MAC_BYTES;
+            hs->state = BRAID_AUTH_RECV_MAC;
+            break;
+        case BRAID_AUTH_RECV_MAC:
+            BRAID_CHECK(recv_some(hs, fd, &complete));
+            if (!complete)
+                return BRAID_OK;
+            if (braid__auth_mac_check(hs->secret, hs->peer_role, hs->raw_i, hs->raw_a, hs->buf) != BRAID_OK)
+                return braid__error_quiet(BRAID_ERR_AUTH, "failed authentication: wrong proof of the job secret "
+                                          "(rank %d of another job, or a different secret?)", hs->peer.rank);
+            hs->state = BRAID_AUTH_VERIFIED;
+            return BRAID_OK;
+        case BRAID_AUTH_SEND_RESULT:
+            BRAID_CHECK(send_some(hs, fd, &complete));
+            if (!complete)
+                return BRAID_OK;
+            hs->state = BRAID_AUTH_DONE;
+            return BRAID_OK;
+        case BRAID_AUTH_VERIFIED:
+        case BRAID_AUTH_DONE:
+        default:
+            return BRAID_OK;
+        }
+    }
+}

@@ -1,0 +1,30 @@
+/* Where a group meets: the unique id's contents and the launcher
+ * environment, decoded into one rendezvous description. */
+#ifndef BRAID_BOOTSTRAP_H
+#define BRAID_BOOTSTRAP_H
+
+#include <stdint.h>
+
+#include "braid.h"
+#include "braid_transport.h"
+
+typedef struct {
+    char host[96];                        /* rank 0's store address */
+    int port;
+    uint8_t secret[BRAID_SECRET_BYTES];
+} braid_rendezvous;
+
+/* Decode and validate a unique id. */
+braid_status braid__unique_id_decode(const braid_unique_id_t *id, braid_rendezvous *rv);
+
+/* Rank, size and rendezvous from torchrun / Open MPI / Slurm variables. */
+braid_status braid__env_rendezvous(int *rank, int *size, braid_rendezvous *rv);
+
+/* The listening socket braid_unique_id() bound for port, if this process
+ * (or its parent, before fork) made it; -1 otherwise. The caller owns it.
+ * braid__prebound_release() closes an inherited one that this rank does
+ * not serve, so a dead rank 0 is seen as refused connections. */
+int braid__prebound_take(int port);
+void braid__prebound_release(int port);
+
+#endif

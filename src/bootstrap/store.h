@@ -1,0 +1,40 @@
+/* Rendezvous store: a small key-value server run by rank 0 over TCP, used to
+ * exchange listener addresses at start-up (like torch's TCPStore). Every
+ * client authenticates with the job secret before any request is served. */
+#ifndef BRAID_STORE_H
+#define BRAID_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "braid.h"
+#include "braid_transport.h"
+
+typedef struct braid_store_server braid_store_server;
+typedef struct braid_store braid_store;
+
+/* Serve on listen_fd (bound and listening; the server takes ownership) from
+ * a background thread until stopped. */
+braid_status braid__store_server_start(int listen_fd, const uint8_t secret[BRAID_SECRET_BYTES],
+                                       braid_store_server **server);
+void braid__store_server_stop(braid_store_server *server);
+
+/* Connect to host:port, retrying until timeout_ms (rank 0 may start last). */
+braid_status braid__store_connect(const char *host, int port, const uint8_t secret[BRAID_SECRET_BYTES],
+                                  int rank, int timeout_ms, braid_store **store);
+void braid__store_close(braid_store *store);
+
+braid_status braid__store_set(braid_store *store, const char *key, const void *value, size_t len);
+
+/* Wait until key exists (or timeout_ms passes) and copy its value. */
+braid_status braid__store_get(braid_store *store, const char *key, void *value, size_t cap, size_t *len,
+                              int timeout_ms);
+
+/* Atomically add delta to the integer at key (missing = 0); returns the sum. */
+braid_status braid__store_add(braid_store *store, const char *key, int64_t delta, int64_t *result);
+
+/* The local address of the connection to the store: the interface through
+ * which rank 0 is reachable, used as this rank's listen address. */
+braid_status braid__store_local_ip(braid_store *store, char *ip, size_t cap);
+
+#endif

@@ -1,0 +1,535 @@
+/* DDP gradient bucketer: groups gradients into flat buckets and all-reduces
+ * each bucket asynchronously as soon as backward has produced all of it, so
+ * communication overlaps the rest of backward (the scheme of PyTorch DDP's
+ * Reducer).
+ *
+ * Rules that keep every rank in step:
+ *  - the layout is a pure function of the registered (count, dtype) list and
+ *    the caps, and it is checked to be identical on every rank when it is
+ *    formed, so every rank runs the same all-reduces;
+ *  - buckets are launched strictly in index order: a bucket that completes
+ *    early waits until all lower-indexed buckets were launched, so a rank
+ *    whose backward marks params in a slightly different order still issues
+ *    the same sequence of collectives.
+ * A bucketer is used from one thread (the one running backward). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bucket.h"
+#include "log.h"
+#include "reduce/reduce.h"
+#include "status.h"
+
+#define DEFAULT_BUCKET_BYTES ((size_t)25 << 20)
+#define DEFAULT_FIRST_BUCKET_BYTES ((size_t)1 << 20)
+#define TEXT_MAX 1024
+
+typedef struct {
+    void *grad;
+    size_t count;
+    braid_dtype dtype;
+    int bucket;        /* -1 until the layout is formed */
+    size_t offset;     /* element offset in the bucket's flat buffer */
+    int marked;        /* ready() was called for it in this step */
+} param_slot;
+
+typedef struct {
+    braid_dtype dtype;
+    braid_dtype wire_dtype;
+    size_t count;
+    size_t bytes;
+    int nparams;
+    int cap_params;
+    int *param_ids;
+    size_t *offsets;
+    void *flat;        /* count elements of wire_dtype */
+    int pending;       /* params not yet marked in this step */
+    int launched;
+    braid_work *work;  /* NULL when launched without communication */
+} bucket;
+
+struct braid_bucketer {
+    braid_pg *pg;
+    size_t bucket_bytes;
+    size_t first_bucket_bytes;
+    braid_dtype wire_dtype;   /* BRAID_F32: no compression */
+    param_slot *params;
+    int nparams, cap_params;
+    bucket *buckets;
+    int nbuckets;
+    int built;
+    int next_launch;          /* lowest bucket index not yet launched */
+    unsigned long long step;
+    /* First failure of this step (a launch that failed): later ready()
+     * calls and finish() report it. */
+    braid_status step_status;
+    char step_text[TEXT_MAX];
+};
+
+static int rank_of(const braid_bucketer *b)
+{
+    return braid_pg_rank(b->pg);
+}
+
+/* The detail of an error text without its "BRAID_ERR_X: " prefix, so that
+ * wrapping it does not repeat the status name. */
+static const char *strip_status(const char *text, braid_status st)
+{
+    const char *name = braid_status_string(st);
+    size_t n = strlen(name);
+    if (strncmp(text, name, n) == 0 && text[n] == ':' && text[n + 1] == ' ')
+        return text + n + 2;
+    return text;
+}
+
+/* ---- layout ---------------------------------------------------------- */
+
+static braid_status bucket_push(braid_bucketer *b, bucket *bk, int id)
+{
+    if (bk->nparams == bk->cap_params) {
+        int cap = bk->cap_params ? 2 * bk->cap_params : 8;
+        int *ids = realloc(bk->param_ids, (size_t)cap * sizeof(*ids));
+        if (!ids)
+            return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: bucketer: out of memory for the bucket layout",
+                                rank_of(b));
+        bk->param_ids = ids;
+        size_t *offs = realloc(bk->offsets, (size_t)cap * sizeof(*offs));
+        if (!offs)
+            return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: bucketer: out of memory for the bucket layout",
+                                rank_of(b));
+        bk->offsets = offs;
+        bk->cap_params = cap;
+    }
+    param_slot *p = &b->params[id];
+    p->bucket = (int)(bk - b->buckets);
+    p->offset = bk->count;
+    bk->param_ids[bk->nparams] = id;
+    bk->offsets[bk->nparams] = bk->count;
+    bk->nparams++;
+    bk->count += p->count;
+    bk->bytes += p->count * braid_dtype_size(p->dtype);
+    return BRAID_OK;
+}
+
+/* Assign params to buckets the way PyTorch DDP does: walk the params in
+ * reverse registration order (backward produces the last layer's grads
+ * first), keep one open bucket per dtype, and close a bucket when the next
+ * param would push it past its cap. The first bucket of each dtype has the
+ * small cap so that the first all-reduce starts early in backward; a
+ * param larger than the cap gets a bucket of its own. Buckets are numbered
+ * by the position of their first param in that walk, which is the order in
+ * which they become complete. */
+static braid_status assign_buckets(braid_bucketer *b)
+{
+    int open[BRAID_DTYPE_COUNT], closed[BRAID_DTYPE_COUNT];
+    for (int d = 0; d < BRAID_DTYPE_COUNT; d++) {
+        open[d] = -1;
+        closed[d] = 0;
+    }
+    /* At most one bucket per param, so this never grows. */
+    b->buckets = calloc(b->nparams > 0 ? (size_t)b->nparams : 1, sizeof(*b->buckets));
+    if (!b->buckets)
+        return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: bucketer: out of memory for %d buckets", rank_of(b),
+                            b->nparams);
+    for (int id = b->nparams - 1; id >= 0; id--) {
+        param_slot *p = &b->params[id];
+        int d = (int)p->dtype;
+        size_t bytes = p->count * braid_dtype_size(p->dtype);
+        size_t cap = closed[d] == 0 ? b->first_bucket_bytes : b->bucket_bytes;
+        if (open[d] >= 0 && b->buckets[open[d]].bytes + bytes > cap) {
+            open[d] = -1;
+            closed[d]++;
+            cap = b->bucket_bytes;
+        }
+        if (open[d] < 0) {
+            bucket *bk = &b->buckets[b->nbuckets];
+            bk->dtype = p->dtype;
+            bk->wire_dtype = p->dtype == BRAID_F32 ? b->wire_dtype : p->dtype;
+            open[d] = b->nbuckets++;
+        }
+        BRAID_CHECK(bucket_push(b, &b->buckets[open[d]], id));
+        if (b->buckets[open[d]].bytes >= cap) {
+            open[d] = -1;
+            closed[d]++;
+        }
+    }
+    for (int k = 0; k < b->nbuckets; k++) {
+        bucket *bk = &b->buckets[k];
+        size_t wire_bytes = bk->count * braid_dtype_size(bk->wire_dtype);
+        if (wire_bytes > 0 && posix_memalign(&bk->flat, 64, wire_bytes) != 0) {
+            bk->flat = NULL;
+            return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: bucketer: cannot allocate %zu bytes for bucket %d",
+                                rank_of(b), wire_bytes, k);
+        }
+        bk->pending = bk->nparams;
+    }
+    return BRAID_OK;
+}
+
+static uint64_t mix(uint64_t h, uint64_t v)
+{
+    h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+    h *= 0xBF58476D1CE4E5B9ull;
+    return h ^ (h >> 31);
+}
+
+/* Fingerprint of everything that decides the sequence of collectives. */
+static uint64_t layout_hash(const braid_bucketer *b)
+{
+    uint64_t h = mix(0, (uint64_t)b->nbuckets);
+    for (int k = 0; k < b->nbuckets; k++) {
+        const bucket *bk = &b->buckets[k];
+        h = mix(h, (uint64_t)bk->wire_dtype);
+        h = mix(h, (uint64_t)bk->count);
+        h = mix(h, (uint64_t)bk->nparams);
+    }
+    return h;
+}
+
+/* Every rank must form the same buckets, or their all-reduces would pair
+ * up wrongly and produce garbage or hang (DDP checks parameter shapes
+ * across ranks for the same reason). One small all-reduce of (h, -h) with
+ * MIN yields min and max of the fingerprints: they agree iff all ranks do. */
+static braid_status check_layout_across_ranks(braid_bucketer *b)
+{
+    if (braid_pg_size(b->pg) == 1)
+        return BRAID_OK;
+    /* Keep the values non-negative 63-bit so that negating cannot overflow. */
+    int64_t h = (int64_t)(layout_hash(b) >> 1);
+    int64_t v[2] = {h, -h};
+    braid_status st = braid_allreduce(b->pg, v, v, 2, BRAID_I64, BRAID_MIN, NULL, NULL);
+    if (st != BRAID_OK) {
+        char text[TEXT_MAX];
+        snprintf(text, sizeof(text), "%s", strip_status(braid_last_error(), st));
+        return braid__error(st, "rank %d: bucketer: checking the bucket layout across ranks failed: %s",
+                            rank_of(b), text);
+    }
+    if (v[0] != h || -v[1] != h)
+        return braid__error(BRAID_ERR_MISMATCH,
+                            "rank %d: bucketer: ranks formed different buckets (this rank: %d params in %d buckets); "
+                            "every rank must register the same params (count and dtype, same order) with the same "
+                            "caps and compression",
+                            rank_of(b), b->nparams, b->nbuckets);
+    return BRAID_OK;
+}
+
+static void free_buckets(braid_bucketer *b)
+{
+    for (int k = 0; k < b->nbuckets; k++) {
+        free(b->buckets[k].param_ids);
+        free(b->buckets[k].offsets);
+        free(b->buckets[k].flat);
+    }
+    free(b->buckets);
+    b->buckets = NULL;
+    b->nbuckets = 0;
+}
+
+braid_status braid__bucketer_build(braid_bucketer *b)
+{
+    if (!b)
+        return braid__error(BRAID_ERR_INVALID_ARG, "bucketer: bucketer is NULL");
+    if (b->built)
+        return BRAID_OK;
+    braid_status st;
+    BRAID_CHECK_GOTO(assign_buckets(b), st, err_free_buckets);
+    BRAID_CHECK_GOTO(check_layout_across_ranks(b), st, err_free_buckets);
+    b->built = 1;
+    BRAID_INFO("bucketer: %d params in %d buckets (caps %zu / %zu bytes, wire %s)", b->nparams, b->nbuckets,
+               b->first_bucket_bytes, b->bucket_bytes, b->wire_dtype == BRAID_F32 ? "uncompressed" :
+               b->wire_dtype == BRAID_F16 ? "f16" : "bf16");
+    return BRAID_OK;
+
+err_free_buckets:
+    free_buckets(b);
+    for (int id = 0; id < b->nparams; id++)
+        b->params[id].bucket = -1;
+    return st;
+}
+
+braid_status braid__bucketer_bucket_info(const braid_bucketer *b, int k, braid__bucket_info *info)
+{
+    if (!b || !info)
+        return braid__error(BRAID_ERR_INVALID_ARG, "bucketer: bucket_info: NULL argument");
+    if (!b->built || k < 0 || k >= b->nbuckets)
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: bucketer: no bucket %d (%d buckets formed)", rank_of(b),
+                            k, b->built ? b->nbuckets : 0);
+    const bucket *bk = &b->buckets[k];
+    info->dtype = bk->dtype;
+    info->wire_dtype = bk->wire_dtype;
+    info->count = bk->count;
+    info->bytes = bk->bytes;
+    info->nparams = bk->nparams;
+    info->param_ids = bk->param_ids;
+    info->offsets = bk->offsets;
+    return BRAID_OK;
+}
+
+/* ---- public API ------------------------------------------------------ */
+
+BRAID_API braid_status braid_bucketer_create(braid_bucketer **out, braid_pg *pg, size_t bucket_bytes,
+                                             size_t first_bucket_bytes)
+{
+    if (!out || !pg)
+        return braid__error(BRAID_ERR_INVALID_ARG, "bucketer: create: %s is NULL", out ? "pg" : "bucketer pointer");
+    braid_bucketer *b = calloc(1, sizeof(*b));
+    if (!b)
+        return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: bucketer: out of memory", braid_pg_rank(pg));
+    b->pg = pg;
+    b->bucket_bytes = bucket_bytes ? bucket_bytes : DEFAULT_BUCKET_BYTES;
+    b->first_bucket_bytes = first_bucket_bytes ? first_bucket_bytes : DEFAULT_FIRST_BUCKET_BYTES;
+    b->wire_dtype = BRAID_F32;
+    *out = b;
+    braid__error_clear();
+    return BRAID_OK;
+}
+
+BRAID_API braid_status braid_bucketer_add(braid_bucketer *b, void *grad, size_t count, braid_dtype dtype,
+                                          int *param_id)
+{
+    if (!b || !param_id)
+        return braid__error(BRAID_ERR_INVALID_ARG, "bucketer: add: %s is NULL", b ? "param_id" : "bucketer");
+    if (b->built)
+        return braid__error(BRAID_ERR_INVALID_ARG,
+                            "rank %d: bucketer: add after the buckets were formed (register every param before the "
+                            "first ready())", rank_of(b));
+    size_t esize = braid_dtype_size(dtype);
+    if (esize == 0)
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: bucketer: add: invalid dtype %d", rank_of(b), (int)dtype);
+    if (count > 0 && !grad)
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: bucketer: add: grad is NULL with count %zu", rank_of(b),
+                            count);
+    if (count > SIZE_MAX / 4 / esize)
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: bucketer: add: count %zu overflows", rank_of(b), count);
+    if (b->nparams == b->cap_params) {
+        int cap = b->cap_params ? 2 * b->cap_params : 16;
+        param_slot *p = realloc(b->params, (size_t)cap * sizeof(*p));
+        if (!p)
+            return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: bucketer: out of memory for %d params", rank_of(b),
+                                cap);
+        b->params = p;
+        b->cap_params = cap;
+    }
+    int id = b->nparams++;
+    b->params[id] = (param_slot){.grad = grad, .count = count, .dtype = dtype, .bucket = -1};
+    *param_id = id;
+    braid__error_clear();
+    return BRAID_OK;
+}
+
+BRAID_API braid_status braid_bucketer_set_compression(braid_bucketer *b, braid_dtype wire_dtype)
+{
+    if (!b)
+        return braid__error(BRAID_ERR_INVALID_ARG, "bucketer: set_compression: bucketer is NULL");
+    if (wire_dtype != BRAID_F32 && wire_dtype != BRAID_F16 && wire_dtype != BRAID_BF16)
+        return braid__error(BRAID_ERR_INVALID_ARG,
+                            "rank %d: bucketer: set_compression: wire dtype %d is not BRAID_F16, BRAID_BF16 or "
+                            "BRAID_F32 (off)", rank_of(b), (int)wire_dtype);
+    if (b->built)
+        return braid__error(BRAID_ERR_INVALID_ARG,
+                            "rank %d: bucketer: set_compression after the buckets were formed (call it before the "
+                            "first ready())", rank_of(b));
+    b->wire_dtype = wire_dtype;
+    braid__error_clear();
+    return BRAID_OK;
+}
+
+/* Start the all-reduce of bucket k: averaged in place in the flat buffer. */
+static braid_status launch(braid_bucketer *b, int k)
+{
+    bucket *bk = &b->buckets[k];
+    bk->launched = 1;
+    if (bk->count == 0)
+        return BRAID_OK; /* only empty params: nothing to exchange, on any rank */
+    braid_status st = braid_allreduce(b->pg, bk->flat, bk->flat, bk->count, bk->wire_dtype, BRAID_AVG, NULL, &bk->work);
+    if (st != BRAID_OK) {
+        bk->work = NULL;
+        bk->launched = 0; /* nothing to wait for or copy back */
+        char text[TEXT_MAX];
+        snprintf(text, sizeof(text), "%s", strip_status(braid_last_error(), st));
+        braid__error(st, "rank %d: bucketer step %llu: cannot start the all-reduce of bucket %d (%zu elements): %s",
+                     rank_of(b), b->step, k, bk->count, text);
+        b->step_status = st;
+        snprintf(b->step_text, sizeof(b->step_text), "%s", braid_last_error());
+    }
+    return st;
+}
+
+BRAID_API braid_status braid_bucketer_ready(braid_bucketer *b, int param_id)
+{
+    if (!b)
+        return braid__error(BRAID_ERR_INVALID_ARG, "bucketer: ready: bucketer is NULL");
+    if (param_id < 0 || param_id >= b->nparams)
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: bucketer: ready: param %d does not exist (%d registered)",
+                            rank_of(b), param_id, b->nparams);
+    BRAID_CHECK(braid__bucketer_build(b));
+    if (b->step_status != BRAID_OK) {
+        braid__error_set_text(b->step_text);
+        return b->step_status;
+    }
+    param_slot *p = &b->params[param_id];
+    if (p->marked)
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: bucketer step %llu: param %d marked ready twice",
+                            rank_of(b), b->step, param_id);
+    p->marked = 1;
+    bucket *bk = &b->buckets[p->bucket];
+    /* Copy now, while the gradient is hot in cache; the caller's buffer is
+     * not read again until finish() writes the average back. */
+    if (p->count > 0) {
+        char *dst = (char *)bk->flat + p->offset * braid_dtype_size(bk->wire_dtype);
+        if (bk->wire_dtype == p->dtype)
+            memcpy(dst, p->grad, p->count * braid_dtype_size(p->dtype));
+        else
+            braid__cast(bk->wire_dtype, dst, p->dtype, p->grad, p->count);
+    }
+    bk->pending--;
+    while (b->next_launch < b->nbuckets && b->buckets[b->next_launch].pending == 0) {
+        BRAID_CHECK(launch(b, b->next_launch));
+        b->next_launch++;
+    }
+    braid__error_clear();
+    return BRAID_OK;
+}
+
+/* Wait for bucket k's all-reduce; on success copy the averages back. */
+static braid_status drain_bucket(braid_bucketer *b, int k, char *text, size_t text_cap)
+{
+    bucket *bk = &b->buckets[k];
+    if (!bk->launched)
+        return BRAID_OK;
+    if (bk->work) {
+        braid_status st = braid_wait(bk->work, -1);
+        braid_work_free(bk->work);
+        bk->work = NULL;
+        if (st != BRAID_OK) {
+            snprintf(text, text_cap, "rank %d: bucketer step %llu: all-reduce of bucket %d (%zu elements, %d params) "
+                     "failed: %s", rank_of(b), b->step, k, bk->count, bk->nparams,
+                     strip_status(braid_last_error(), st));
+            return st;
+        }
+    }
+    size_t wsize = braid_dtype_size(bk->wire_dtype);
+    for (int i = 0; i < bk->nparams; i++) {
+        param_slot *p = &b->params[bk->param_ids[i]];
+        if (p->count == 0)
+            continue;
+        const char *src = (const char *)bk->flat + p->offset * wsize;
+        if (bk->wire_dtype == p->dtype)
+            memcpy(p->grad, src, p->count * wsize);
+        else
+            braid__cast(p->dtype, p->grad, bk->wire_dtype, src, p->count);
+    }
+    return BRAID_OK;
+}
+
+static void reset_step(braid_bucketer *b)
+{
+    for (int id = 0; id < b->nparams; id++)
+        b->params[id].marked = 0;
+    for (int k = 0; k < b->nbuckets; k++) {
+        b->buckets[k].pending = b->buckets[k].nparams;
+        b->buckets[k].launched = 0;
+        b->buckets[k].work = NULL;
+    }
+    b->next_launch = 0;
+    b->step_status = BRAID_OK;
+    b->step_text[0] = '\0';
+    b->step++;
+}
+
+/* "3, 5, 7" for the unmarked params, cut short with "..." when they do not
+ * fit; returns how many there are. */
+static int list_unmarked(const braid_bucketer *b, char *out, size_t cap)
+{
+    int n = 0, cut = 0;
+    size_t len = 0;
+    out[0] = '\0';
+    for (int id = 0; id < b->nparams; id++) {
+        if (b->params[id].marked)
+            continue;
+        n++;
+        if (cut)
+            continue;
+        char item[32];
+        int w = snprintf(item, sizeof(item), "%s%d", n > 1 ? ", " : "", id);
+        if (len + (size_t)w + 5 >= cap) {
+            snprintf(out + len, cap - len, ", ...");
+            cut = 1;
+            continue;
+        }
+        memcpy(out + len, item, (size_t)w + 1);
+        len += (size_t)w;
+    }
+    return n;
+}
+
+BRAID_API braid_status braid_bucketer_finish(braid_bucketer *b)
+{
+    if (!b)
+        return braid__error(BRAID_ERR_INVALID_ARG, "bucketer: finish: bucketer is NULL");
+    BRAID_CHECK(braid__bucketer_build(b));
+
+    /* Wait for everything in flight before judging the step: the flat
+     * buffers must not be reused while the progress thread still writes
+     * them. Buckets are drained in launch order, so the copy-back of bucket
+     * k overlaps the all-reduce of bucket k+1. */
+    braid_status wait_st = BRAID_OK;
+    char wait_text[TEXT_MAX] = "";
+    for (int k = 0; k < b->nbuckets; k++) {
+        char text[TEXT_MAX];
+        braid_status st = drain_bucket(b, k, text, sizeof(text));
+        if (st != BRAID_OK && wait_st == BRAID_OK) {
+            wait_st = st;
+            snprintf(wait_text, sizeof(wait_text), "%s", text);
+        }
+    }
+
+    braid_status st = BRAID_OK;
+    if (b->step_status != BRAID_OK) {
+        st = b->step_status;
+        braid__error_set_text(b->step_text);
+    } else if (wait_st != BRAID_OK) {
+        st = braid__error(wait_st, "%s", wait_text);
+    } else {
+        char ids[512];
+        int unmarked = list_unmarked(b, ids, sizeof(ids));
+        if (unmarked > 0)
+            st = braid__error(BRAID_ERR_INVALID_ARG,
+                              "rank %d: bucketer step %llu: finish with %d of %d params never marked ready: %s "
+                              "(every registered param needs ready() in every step; their buckets were not "
+                              "all-reduced)",
+                              rank_of(b), b->step, unmarked, b->nparams, ids);
+    }
+    reset_step(b);
+    if (st == BRAID_OK)
+        braid__error_clear();
+    return st;
+}
+
+BRAID_API int braid_bucketer_bucket_count(const braid_bucketer *b)
+{
+    if (!b)
+        return -1;
+    return b->built ? b->nbuckets : 0;
+}
+
+BRAID_API void braid_bucketer_destroy(braid_bucketer *b)
+{
+    if (!b)
+        return;
+    /* A step left without finish() may still have all-reduces writing into
+     * the flat buffers: let them end before freeing. */
+    for (int k = 0; k < b->nbuckets; k++) {
+        if (b->buckets[k].work) {
+            braid_status st = braid_wait(b->buckets[k].work, -1);
+            if (st != BRAID_OK)
+                BRAID_WARN("rank %d: bucketer destroyed with bucket %d in flight: %s", rank_of(b), k,
+                           braid_last_error());
+            braid_work_free(b->buckets[k].work);
+        }
+    }
+    free_buckets(b);
+    free(b->params);
+    free(b);
+}

@@ -1,0 +1,15 @@
+/* Monotonic clock in milliseconds, for deadlines. */
+#ifndef BRAID_CLOCK_H
+#define BRAID_CLOCK_H
+
+#include <stdint.h>
+#include <time.h>
+
+static inline int64_t braid__now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+#endif

@@ -1,0 +1,136 @@
+/* Entry points of reduce, all-gather, reduce-scatter, send and receive:
+ * argument checks with the caller's view of the buffers, then the executor
+ * (or the open group, which braid__work_submit records into). */
+#include <stdint.h>
+
+#include "pg.h"
+#include "status.h"
+
+static int overlap(const void *a, size_t alen, const void *b, size_t blen)
+{
+    return alen && blen && (const char *)a < (const char *)b + blen && (const char *)b < (const char *)a + alen;
+}
+
+/* Checks every entry point shares. per_rank: the larger buffer holds one
+ * count-sized block per rank, and its size must not overflow either. */
+static braid_status check_common(braid_pg *pg, const char *name, size_t count, int per_rank, braid_dtype dtype,
+                                 void *cuda_stream)
+{
+    if (!pg)
+        return braid__error(BRAID_ERR_INVALID_ARG, "%s: pg is NULL", name);
+    size_t blocks = per_rank ? (size_t)pg->size : 1;
+    size_t esize = braid_dtype_size(dtype);
+    if (esize == 0)
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: invalid dtype %d", pg->rank, name, (int)dtype);
+    if (count > SIZE_MAX / esize / 2 / blocks)
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: count %zu overflows", pg->rank, name, count);
+    if (cuda_stream)
+        return braid__error(BRAID_ERR_UNSUPPORTED, "rank %d: %s: CUDA streams need a CUDA build", pg->rank, name);
+    return BRAID_OK;
+}
+
+static braid_status check_op(const braid_pg *pg, const char *name, braid_op op)
+{
+    if ((unsigned)op >= BRAID_OP_COUNT)
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: invalid op %d", pg->rank, name, (int)op);
+    return BRAID_OK;
+}
+
+static braid_status check_ptr(const braid_pg *pg, const char *name, const char *what, const void *p, size_t count)
+{
+    if (count > 0 && !p)
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: %s is NULL with count %zu", pg->rank, name, what,
+                            count);
+    return BRAID_OK;
+}
+
+BRAID_API braid_status braid_reduce(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
+                                    braid_op op, int root, void *cuda_stream, braid_work **work)
+{
+    BRAID_CHECK(check_common(pg, "reduce", count, 0, dtype, cuda_stream));
+    BRAID_CHECK(check_op(pg, "reduce", op));
+    if (root < 0 || root >= pg->size)
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: reduce: root %d out of range [0, %d)", pg->rank, root,
+                            pg->size);
+    BRAID_CHECK(check_ptr(pg, "reduce", "send", send, count));
+    size_t bytes = count * braid_dtype_size(dtype);
+    if (pg->rank == root) {
+        BRAID_CHECK(check_ptr(pg, "reduce", "recv on the root", recv, count));
+        if (send != recv && overlap(send, bytes, recv, bytes))
+            return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: reduce: send and recv overlap without being equal",
+                                pg->rank);
+    }
+    braid_coll c = {.kind = BRAID_COLL_REDUCE, .send = send, .recv = pg->rank == root ? recv : NULL,
+                    .count = count, .dtype = dtype, .op = op, .root = root};
+    return braid__work_submit(pg, &c, work);
+}
+
+BRAID_API braid_status braid_allgather(braid_pg *pg, const void *send, void *recv, size_t sendcount,
+                                       braid_dtype dtype, void *cuda_stream, braid_work **work)
+{
+    BRAID_CHECK(check_common(pg, "allgather", sendcount, 1, dtype, cuda_stream));
+    BRAID_CHECK(check_ptr(pg, "allgather", "send", send, sendcount));
+    BRAID_CHECK(check_ptr(pg, "allgather", "recv", recv, sendcount));
+    size_t bytes = sendcount * braid_dtype_size(dtype);
+    const char *own = (const char *)recv + (size_t)pg->rank * bytes;
+    if (send != own && overlap(send, bytes, recv, bytes * (size_t)pg->size))
+        return braid__error(BRAID_ERR_INVALID_ARG,
+                            "rank %d: allgather: send overlaps recv without being its block %d (in place)", pg->rank,
+                            pg->rank);
+    braid_coll c = {.kind = BRAID_COLL_ALLGATHER, .send = send, .recv = recv, .count = sendcount, .dtype = dtype,
+                    .op = BRAID_SUM, .root = -1};
+    return braid__work_submit(pg, &c, work);
+}
+
+BRAID_API braid_status braid_reduce_scatter(braid_pg *pg, const void *send, void *recv, size_t recvcount,
+                                            braid_dtype dtype, braid_op op, void *cuda_stream, braid_work **work)
+{
+    BRAID_CHECK(check_common(pg, "reduce_scatter", recvcount, 1, dtype, cuda_stream));
+    BRAID_CHECK(check_op(pg, "reduce_scatter", op));
+    BRAID_CHECK(check_ptr(pg, "reduce_scatter", "send", send, recvcount));
+    BRAID_CHECK(check_ptr(pg, "reduce_scatter", "recv", recv, recvcount));
+    size_t bytes = recvcount * braid_dtype_size(dtype);
+    const char *own = (const char *)send + (size_t)pg->rank * bytes;
+    if ((const char *)recv != own && overlap(recv, bytes, send, bytes * (size_t)pg->size))
+        return braid__error(BRAID_ERR_INVALID_ARG,
+                            "rank %d: reduce_scatter: recv overlaps send without being its block %d (in place)",
+                            pg->rank, pg->rank);
+    braid_coll c = {.kind = BRAID_COLL_REDUCE_SCATTER, .send = send, .recv = recv, .count = recvcount,
+                    .dtype = dtype, .op = op, .root = -1};
+    return braid__work_submit(pg, &c, work);
+}
+
+static braid_status check_p2p(braid_pg *pg, const char *name, const void *buf, size_t count, braid_dtype dtype,
+                              int peer, void *cuda_stream)
+{
+    BRAID_CHECK(check_common(pg, name, count, 0, dtype, cuda_stream));
+    BRAID_CHECK(check_ptr(pg, name, "buf", buf, count));
+    if (peer < 0 || peer >= pg->size)
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: peer %d out of range [0, %d)", pg->rank, name, peer,
+                            pg->size);
+    /* A message to oneself only completes against its partner in a group. */
+    if (peer == pg->rank && !braid__group_open_here(pg))
+        return braid__error(BRAID_ERR_INVALID_ARG,
+                            "rank %d: %s with itself outside a group would never complete: pair it with a %s "
+                            "between braid_group_start and braid_group_end",
+                            pg->rank, name, name[0] == 's' ? "recv" : "send");
+    return BRAID_OK;
+}
+
+BRAID_API braid_status braid_send(braid_pg *pg, const void *buf, size_t count, braid_dtype dtype, int peer,
+                                  void *cuda_stream, braid_work **work)
+{
+    BRAID_CHECK(check_p2p(pg, "send", buf, count, dtype, peer, cuda_stream));
+    braid_coll c = {.kind = BRAID_COLL_SEND, .send = buf, .count = count, .dtype = dtype, .op = BRAID_SUM,
+                    .root = -1, .peer = peer};
+    return braid__work_submit(pg, &c, work);
+}
+
+BRAID_API braid_status braid_recv(braid_pg *pg, void *buf, size_t count, braid_dtype dtype, int peer,
+                                  void *cuda_stream, braid_work **work)
+{
+    BRAID_CHECK(check_p2p(pg, "recv", buf, count, dtype, peer, cuda_stream));
+    braid_coll c = {.kind = BRAID_COLL_RECV, .recv = buf, .count = count, .dtype = dtype, .op = BRAID_SUM,
+                    .root = -1, .peer = peer};
+    return braid__work_submit(pg, &c, work);
+}

@@ -1,0 +1,51 @@
+#include <errno.h>
+#include <stdlib.h>
+
+#include "log.h"
+#include "param.h"
+
+const braid_param_info braid__params[] = {
+    {"BRAID_DEBUG", "WARN", "log level: NONE, WARN, INFO, TRACE"},
+    {"BRAID_DEBUG_FILE", NULL, "log to this file instead of stderr (%h host, %p pid)"},
+    {"BRAID_TIMEOUT_MS", "300000", "limit of every blocking wait, in milliseconds"},
+    {"BRAID_TRANSPORT", NULL, "comma-separated transports to allow, in order of preference"},
+    {"BRAID_SOCKET_IFNAME", NULL, "network interface for TCP (default: the route to rank 0)"},
+    {"BRAID_NSOCKS", "2", "TCP sockets per peer connection"},
+    {"BRAID_CHUNK_BYTES", "524288", "pipeline chunk size of the ring algorithms"},
+    {"BRAID_ALGO", "auto", "all-reduce algorithm: auto, ring, rd (recursive doubling)"},
+    {"BRAID_CHECKSUM", "0", "1: CRC32C every chunk and fail on a mismatch"},
+    {"BRAID_JOB_SECRET", NULL, "32 hex digits: job secret for braid_pg_init_env"},
+    {"BRAID_STORE_ADDR", NULL, "host:port for the unique id's rendezvous store"},
+};
+const size_t braid__param_count = sizeof(braid__params) / sizeof(braid__params[0]);
+
+const char *braid__param_str(const char *name)
+{
+    const char *v = getenv(name);
+    return (v && *v) ? v : NULL;
+}
+
+long long braid__param_int(const char *name, long long def)
+{
+    const char *v = braid__param_str(name);
+    if (!v)
+        return def;
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 0);
+    if (errno || end == v) {
+        BRAID_WARN("ignoring %s=%s: not a number", name, v);
+        return def;
+    }
+    switch (*end) {
+    case 'k': case 'K': x <<= 10; end++; break;
+    case 'm': case 'M': x <<= 20; end++; break;
+    case 'g': case 'G': x <<= 30; end++; break;
+    default: break;
+    }
+    if (*end) {
+        BRAID_WARN("ignoring %s=%s: trailing characters", name, v);
+        return def;
+    }
+    return x;
+}

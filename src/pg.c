@@ -1,0 +1,428 @@
+/* Process group: rendezvous, connections, failure state and the public
+ * collective entry points (argument checks, then the executor). */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "bootstrap/auth.h"
+#include "bootstrap/bootstrap.h"
+#include "bootstrap/sock.h"
+#include "bootstrap/store.h"
+#include "log.h"
+#include "param.h"
+#include "pg.h"
+#include "status.h"
+#include "transport.h"
+
+#define DEFAULT_TIMEOUT_MS 300000
+#define DEFAULT_NSOCKS 2
+#define DEFAULT_CHUNK_BYTES (512 * 1024)
+#define MAX_GROUP_SIZE 65536
+#define EAGER_MESH_MAX 64
+
+BRAID_API size_t braid_dtype_size(braid_dtype dtype)
+{
+    static const size_t sizes[BRAID_DTYPE_COUNT] = {
+        [BRAID_F32] = 4, [BRAID_F64] = 8, [BRAID_F16] = 2, [BRAID_BF16] = 2,
+        [BRAID_I8] = 1,  [BRAID_U8] = 1,  [BRAID_I32] = 4, [BRAID_I64] = 8,
+    };
+    return (unsigned)dtype < BRAID_DTYPE_COUNT ? sizes[dtype] : 0;
+}
+
+BRAID_API int braid_version(void)
+{
+    return BRAID_VERSION_MAJOR * 10000 + BRAID_VERSION_MINOR * 100 + BRAID_VERSION_PATCH;
+}
+
+static braid_algo parse_algo(const char *s)
+{
+    if (!s || !strcmp(s, "auto"))
+        return BRAID_ALGO_AUTO;
+    if (!strcmp(s, "ring"))
+        return BRAID_ALGO_RING;
+    if (!strcmp(s, "rd") || !strcmp(s, "recursive_doubling"))
+        return BRAID_ALGO_RECURSIVE_DOUBLING;
+    BRAID_WARN("ignoring BRAID_ALGO=%s (expected auto, ring or rd)", s);
+    return BRAID_ALGO_AUTO;
+}
+
+/* Config fields win over the environment, which wins over defaults. */
+static braid_status apply_config(braid_pg *pg, const braid_config *cfg)
+{
+    braid_config c = BRAID_CONFIG_INIT;
+    if (cfg) {
+        if (cfg->size < offsetof(braid_config, timeout_ms) + sizeof(int) || cfg->size > sizeof(braid_config) * 4)
+            return braid__error(BRAID_ERR_INVALID_ARG, "braid_config.size %zu is invalid: use BRAID_CONFIG_INIT",
+                                cfg->size);
+        memcpy(&c, cfg, cfg->size < sizeof(c) ? cfg->size : sizeof(c));
+    }
+    long long timeout = c.timeout_ms > 0 ? c.timeout_ms : braid__param_int("BRAID_TIMEOUT_MS", DEFAULT_TIMEOUT_MS);
+    long long nsocks = c.nsocks > 0 ? c.nsocks : braid__param_int("BRAID_NSOCKS", DEFAULT_NSOCKS);
+    long long chunk = c.chunk_bytes > 0 ? (long long)c.chunk_bytes
+                                        : braid__param_int("BRAID_CHUNK_BYTES", DEFAULT_CHUNK_BYTES);
+    if (timeout <= 0 || timeout > 24LL * 3600 * 1000)
+        return braid__error(BRAID_ERR_INVALID_ARG, "timeout %lld ms out of range", timeout);
+    if (nsocks < 1 || nsocks > 16)
+        return braid__error(BRAID_ERR_INVALID_ARG, "nsocks %lld out of range [1, 16]", nsocks);
+    if (chunk < 4096 || chunk > (1LL << 30))
+        return braid__error(BRAID_ERR_INVALID_ARG, "chunk size %lld out of range [4096, 1 GiB]", chunk);
+    if ((unsigned)c.algo >= BRAID_ALGO_COUNT)
+        return braid__error(BRAID_ERR_INVALID_ARG, "braid_config.algo %d is invalid", (int)c.algo);
+    pg->timeout_ms = (int)timeout;
+    pg->ctx.timeout_ms = (int)timeout;
+    pg->ctx.nsocks = (int)nsocks;
+    pg->chunk_bytes = (size_t)chunk & ~(size_t)63; /* whole cache lines: vector-friendly chunk edges */
+    pg->algo = c.algo != BRAID_ALGO_AUTO ? c.algo : parse_algo(braid__param_str("BRAID_ALGO"));
+    return BRAID_OK;
+}
+
+static braid_pg *pg_alloc(int rank, int size)
+{
+    braid_pg *pg = calloc(1, sizeof(*pg));
+    if (!pg)
+        return NULL;
+    pg->rank = rank;
+    pg->size = size;
+    pg->ctx.rank = rank;
+    pg->ctx.size = size;
+    pg->wake_fd = -1;
+    pg->conns = calloc((size_t)size, sizeof(*pg->conns));
+    pg->peer_addr = calloc((size_t)size, sizeof(*pg->peer_addr));
+    if (!pg->conns || !pg->peer_addr) {
+        free(pg->conns);
+        free(pg->peer_addr);
+        free(pg);
+        return NULL;
+    }
+    pthread_mutex_init(&pg->mu, NULL);
+    pthread_cond_init(&pg->cv, NULL);
+    atomic_init(&pg->aborted, 0);
+    atomic_init(&pg->error, BRAID_OK);
+    return pg;
+}
+
+static void pg_release(braid_pg *pg)
+{
+    braid__work_stop_thread(pg);
+    braid__group_release(pg);
+    for (int i = 0; i < pg->size; i++)
+        if (pg->conns[i])
+            pg->conns[i]->ops->close(pg->conns[i]);
+    if (pg->listener)
+        pg->listener->ops->close_listener(pg->listener);
+    if (pg->store)
+        braid__store_close(pg->store);
+    if (pg->store_server)
+        braid__store_server_stop(pg->store_server);
+    if (pg->wake_fd >= 0)
+        close(pg->wake_fd);
+    pthread_mutex_destroy(&pg->mu);
+    pthread_cond_destroy(&pg->cv);
+    free(pg->scratch);
+    free(pg->conns);
+    free(pg->peer_addr);
+    free(pg);
+}
+
+/* Every rank arrives before any leaves: rank 0's store must outlive the
+ * other ranks' address look-ups. */
+static braid_status store_barrier(braid_pg *pg, const char *name)
+{
+    char key[64];
+    int64_t arrived;
+    snprintf(key, sizeof(key), "%s/count", name);
+    BRAID_CHECK(braid__store_add(pg->store, key, 1, &arrived));
+    snprintf(key, sizeof(key), "%s/done", name);
+    if (arrived == pg->size)
+        BRAID_CHECK(braid__store_set(pg->store, key, "1", 1));
+    char v[4];
+    size_t len;
+    return braid__store_get(pg->store, key, v, sizeof(v), &len, pg->timeout_ms);
+}
+
+static braid_status exchange_addresses(braid_pg *pg)
+{
+    char key[64];
+    snprintf(key, sizeof(key), "addr/%d", pg->rank);
+    BRAID_CHECK(braid__store_set(pg->store, key, pg->peer_addr[pg->rank], strlen(pg->peer_addr[pg->rank]) + 1));
+    for (int i = 0; i < pg->size; i++) {
+        if (i == pg->rank)
+            continue;
+        size_t len;
+        snprintf(key, sizeof(key), "addr/%d", i);
+        BRAID_CHECK(braid__store_get(pg->store, key, pg->peer_addr[i], BRAID_ADDR_MAX, &len, pg->timeout_ms));
+        if (len == 0 || len > BRAID_ADDR_MAX || pg->peer_addr[i][len - 1] != '\0')
+            return braid__error(BRAID_ERR_PEER, "rank %d: rank %d published a malformed address", pg->rank, i);
+    }
+    return BRAID_OK;
+}
+
+/* A tag shared by the group's members, so connections of another group
+ * with the same secret (an earlier incarnation, a shrunk group) are told
+ * apart. Rank 0 draws it. */
+static braid_status agree_tag(braid_pg *pg)
+{
+    uint64_t tag;
+    size_t len;
+    if (pg->rank == 0) {
+        BRAID_CHECK(braid__random_bytes(&tag, sizeof(tag)));
+        BRAID_CHECK(braid__store_set(pg->store, "pg_tag", &tag, sizeof(tag)));
+    }
+    BRAID_CHECK(braid__store_get(pg->store, "pg_tag", &tag, sizeof(tag), &len, pg->timeout_ms));
+    if (len != sizeof(tag))
+        return braid__error(BRAID_ERR_PEER, "rank %d: malformed group tag in the store", pg->rank);
+    pg->ctx.pg_tag = tag;
+    return BRAID_OK;
+}
+
+static braid_status pg_join(braid_pg *pg, const braid_rendezvous *rv, const braid_config *cfg)
+{
+    BRAID_CHECK(apply_config(pg, cfg));
+    memcpy(pg->ctx.secret, rv->secret, sizeof(pg->ctx.secret));
+    pg->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (pg->wake_fd < 0)
+        return braid__error(BRAID_ERR_SYSTEM, "rank %d: eventfd: %m", pg->rank);
+
+    if (pg->rank == 0) {
+        int fd = braid__prebound_take(rv->port);
+        if (fd < 0) {
+            int port;
+            BRAID_CHECK(braid__sock_listen(rv->host, rv->port, &fd, &port));
+        }
+        BRAID_CHECK(braid__store_server_start(fd, rv->secret, &pg->store_server));
+    } else {
+        braid__prebound_release(rv->port);
+    }
+    BRAID_CHECK(braid__store_connect(rv->host, rv->port, rv->secret, pg->rank, pg->timeout_ms, &pg->store));
+    BRAID_CHECK(agree_tag(pg));
+
+    const char *ifname = cfg && cfg->size > offsetof(braid_config, socket_ifname) && cfg->socket_ifname
+                             ? cfg->socket_ifname
+                             : braid__param_str("BRAID_SOCKET_IFNAME");
+    if (ifname)
+        BRAID_CHECK(braid__sock_ifname_ip(ifname, pg->ctx.bind_ip, sizeof(pg->ctx.bind_ip)));
+    else
+        BRAID_CHECK(braid__store_local_ip(pg->store, pg->ctx.bind_ip, sizeof(pg->ctx.bind_ip)));
+
+    const char *want = cfg && cfg->size > offsetof(braid_config, transports) && cfg->transports
+                           ? cfg->transports
+                           : braid__param_str("BRAID_TRANSPORT");
+    BRAID_CHECK(braid__transport_select(want, pg->rank, &pg->transport));
+    BRAID_CHECK(pg->transport->listen(&pg->ctx, &pg->listener, pg->peer_addr[pg->rank]));
+    BRAID_CHECK(exchange_addresses(pg));
+    BRAID_CHECK(store_barrier(pg, "init"));
+
+    /* Connect every peer now (ring neighbours first) for groups up to
+     * EAGER_MESH_MAX: no collective pays set-up, and a failing rank's closed
+     * sockets reach every peer, whatever algorithm it is blocked in. */
+    braid_conn *c;
+    if (pg->size > 1) {
+        BRAID_CHECK(braid__pg_conn(pg, (pg->rank + 1) % pg->size, &c));
+        BRAID_CHECK(braid__pg_conn(pg, (pg->rank + pg->size - 1) % pg->size, &c));
+    }
+    if (pg->size <= EAGER_MESH_MAX) {
+        /* Dial upwards first, then accept from below: every accept is
+         * matched by a peer that has finished its own dials or is dialling. */
+        for (int p = pg->rank + 1; p < pg->size; p++)
+            BRAID_CHECK(braid__pg_conn(pg, p, &c));
+        for (int p = 0; p < pg->rank; p++)
+            BRAID_CHECK(braid__pg_conn(pg, p, &c));
+    }
+    BRAID_CHECK(braid__work_start_thread(pg));
+    BRAID_INFO("rank %d of %d joined via %s:%d, transport %s, listening on %s, %d sockets/peer, chunk %zu",
+               pg->rank, pg->size, rv->host, rv->port, pg->transport->name, pg->peer_addr[pg->rank],
+               pg->ctx.nsocks, pg->chunk_bytes);
+    return BRAID_OK;
+}
+
+static braid_status pg_init_common(braid_pg **out, int rank, int size, const braid_rendezvous *rv,
+                                   const braid_config *cfg)
+{
+    braid_pg *pg = pg_alloc(rank, size);
+    if (!pg)
+        return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for a group of %d", rank, size);
+    braid__log_set_rank(rank);
+    braid_status st = pg_join(pg, rv, cfg);
+    if (st != BRAID_OK) {
+        char text[512];
+        snprintf(text, sizeof(text), "%s", braid_last_error());
+        atomic_store(&pg->aborted, 1);
+        pg_release(pg);
+        braid__error_set_text(text);
+        return st;
+    }
+    braid__error_clear();
+    *out = pg;
+    return BRAID_OK;
+}
+
+BRAID_API braid_status braid_pg_init(braid_pg **pg, int rank, int size, const braid_unique_id_t *id,
+                                     const braid_config *cfg)
+{
+    if (!pg || !id)
+        return braid__error(BRAID_ERR_INVALID_ARG, "braid_pg_init: %s is NULL", !pg ? "pg" : "id");
+    if (size < 1 || size > MAX_GROUP_SIZE || rank < 0 || rank >= size)
+        return braid__error(BRAID_ERR_INVALID_ARG, "braid_pg_init: rank %d / size %d out of range", rank, size);
+    braid_rendezvous rv;
+    BRAID_CHECK(braid__unique_id_decode(id, &rv));
+    return pg_init_common(pg, rank, size, &rv, cfg);
+}
+
+BRAID_API braid_status braid_pg_init_env(braid_pg **pg, const braid_config *cfg)
+{
+    if (!pg)
+        return braid__error(BRAID_ERR_INVALID_ARG, "braid_pg_init_env: pg is NULL");
+    braid_rendezvous rv;
+    int rank, size;
+    BRAID_CHECK(braid__env_rendezvous(&rank, &size, &rv));
+    return pg_init_common(pg, rank, size, &rv, cfg);
+}
+
+BRAID_API braid_status braid_pg_abort(braid_pg *pg)
+{
+    if (!pg)
+        return BRAID_ERR_INVALID_ARG; /* no error text: may run in a signal handler */
+    /* Only async-signal-safe operations: an atomic store and a write(). */
+    atomic_store(&pg->aborted, 1);
+    int expected = BRAID_OK;
+    atomic_compare_exchange_strong(&pg->error, &expected, BRAID_ERR_ABORTED);
+    uint64_t one = 1;
+    ssize_t w = write(pg->wake_fd, &one, sizeof(one));
+    (void)w;
+    return BRAID_OK;
+}
+
+BRAID_API braid_status braid_pg_destroy(braid_pg *pg)
+{
+    if (!pg)
+        return BRAID_OK;
+    braid_pg_abort(pg);
+    pg_release(pg);
+    return BRAID_OK;
+}
+
+BRAID_API int braid_pg_rank(const braid_pg *pg)
+{
+    return pg ? pg->rank : -1;
+}
+
+BRAID_API int braid_pg_size(const braid_pg *pg)
+{
+    return pg ? pg->size : -1;
+}
+
+BRAID_API braid_status braid_pg_error(const braid_pg *pg)
+{
+    return pg ? (braid_status)atomic_load(&pg->error) : BRAID_ERR_INVALID_ARG;
+}
+
+braid_status braid__pg_conn(braid_pg *pg, int peer, braid_conn **conn)
+{
+    if (pg->conns[peer]) {
+        *conn = pg->conns[peer];
+        return BRAID_OK;
+    }
+    /* The lower rank dials; the higher one takes it from its listener,
+     * whose accept thread has already authenticated it. */
+    braid_conn *c;
+    if (pg->rank < peer)
+        BRAID_CHECK(pg->transport->connect(&pg->ctx, peer, pg->peer_addr[peer], pg->timeout_ms, &c));
+    else
+        BRAID_CHECK(pg->listener->ops->accept(pg->listener, peer, pg->timeout_ms, &c));
+    pg->conns[peer] = c;
+    *conn = c;
+    return BRAID_OK;
+}
+
+braid_status braid__pg_scratch(braid_pg *pg, size_t bytes, void **buf)
+{
+    if (pg->scratch_bytes < bytes) {
+        void *p = NULL;
+        if (posix_memalign(&p, 64, bytes) != 0)
+            return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: cannot allocate %zu bytes of staging memory",
+                                pg->rank, bytes);
+        free(pg->scratch);
+        pg->scratch = p;
+        pg->scratch_bytes = bytes;
+    }
+    *buf = pg->scratch;
+    return BRAID_OK;
+}
+
+void braid__pg_fail(braid_pg *pg, braid_status status)
+{
+    int expected = BRAID_OK;
+    if (atomic_compare_exchange_strong(&pg->error, &expected, (int)status))
+        snprintf(pg->error_text, sizeof(pg->error_text), "%s", braid_last_error());
+    /* Closing our ends makes every peer blocked on us see the failure now
+     * instead of at its timeout. */
+    for (int i = 0; i < pg->size; i++) {
+        if (pg->conns[i]) {
+            pg->conns[i]->ops->close(pg->conns[i]);
+            pg->conns[i] = NULL;
+        }
+    }
+}
+
+braid_status braid__pg_check_usable(braid_pg *pg, const char *op_name)
+{
+    if (atomic_load(&pg->aborted))
+        return braid__error_quiet(BRAID_ERR_ABORTED, "rank %d: %s on an aborted process group", pg->rank, op_name);
+    int err = atomic_load(&pg->error);
+    if (err != BRAID_OK)
+        return braid__error_quiet((braid_status)err, "rank %d: %s on a process group broken by an earlier error: %s",
+                                  pg->rank, op_name, pg->error_text);
+    return BRAID_OK;
+}
+
+/* ---- collectives ------------------------------------------------------ */
+
+static braid_status check_buffer_args(braid_pg *pg, const char *op, const void *a, const void *b, size_t count,
+                                      braid_dtype dtype)
+{
+    if (!pg)
+        return braid__error(BRAID_ERR_INVALID_ARG, "%s: pg is NULL", op);
+    size_t esize = braid_dtype_size(dtype);
+    if (esize == 0)
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: invalid dtype %d", pg->rank, op, (int)dtype);
+    if (count > SIZE_MAX / esize / 2)
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: count %zu overflows", pg->rank, op, count);
+    if (count > 0 && (!a || !b))
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: NULL buffer with count %zu", pg->rank, op, count);
+    return BRAID_OK;
+}
+
+BRAID_API braid_status braid_allreduce(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
+                                       braid_op op, void *cuda_stream, braid_work **work)
+{
+    BRAID_CHECK(check_buffer_args(pg, "allreduce", send, recv, count, dtype));
+    if ((unsigned)op >= BRAID_OP_COUNT)
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: allreduce: invalid op %d", pg->rank, (int)op);
+    size_t bytes = count * braid_dtype_size(dtype);
+    if (send != recv && count > 0 &&
+        (const char *)send < (const char *)recv + bytes && (const char *)recv < (const char *)send + bytes)
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: allreduce: send and recv overlap without being equal",
+                            pg->rank);
+    if (cuda_stream)
+        return braid__error(BRAID_ERR_UNSUPPORTED, "rank %d: allreduce: CUDA streams need a CUDA build", pg->rank);
+    braid_coll c = {.kind = BRAID_COLL_ALLREDUCE, .send = send, .recv = recv, .count = count, .dtype = dtype,
+                    .op = op, .root = -1};
+    return braid__work_submit(pg, &c, work);
+}
+
+BRAID_API braid_status braid_broadcast(braid_pg *pg, void *buf, size_t count, braid_dtype dtype, int root,
+                                       void *cuda_stream, braid_work **work)
+{
+    BRAID_CHECK(check_buffer_args(pg, "broadcast", buf, buf, count, dtype));
+    if (root < 0 || root >= pg->size)
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: broadcast: root %d out of range [0, %d)", pg->rank, root,
+                            pg->size);
+    if (cuda_stream)
+        return braid__error(BRAID_ERR_UNSUPPORTED, "rank %d: broadcast: CUDA streams need a CUDA build", pg->rank);
+    braid_coll c = {.kind = BRAID_COLL_BROADCAST, .send = buf, .recv = buf, .count = count, .dtype = dtype,
+                    .op = BRAID_SUM, .root = root};
+    return braid__work_submit(pg, &c, work);
+}

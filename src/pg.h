@@ -1,0 +1,131 @@
+/* Process group internals shared by pg.c, work.c and the algorithms. */
+#ifndef BRAID_PG_H
+#define BRAID_PG_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "braid.h"
+#include "braid_transport.h"
+#include "bootstrap/store.h"
+
+typedef enum {
+    BRAID_COLL_ALLREDUCE = 1,
+    BRAID_COLL_BROADCAST,
+    BRAID_COLL_REDUCE,
+    BRAID_COLL_ALLGATHER,
+    BRAID_COLL_REDUCE_SCATTER,
+    BRAID_COLL_SEND,  /* point-to-point with .peer; takes no sequence number */
+    BRAID_COLL_RECV,
+    BRAID_COLL_GROUP, /* .ops[0..nops) recorded between braid_group_start/end */
+} braid_coll_kind;
+
+/* One collective call, as the algorithms see it. */
+typedef struct braid_coll {
+    braid_coll_kind kind;
+    const void *send;
+    void *recv;
+    size_t count;
+    braid_dtype dtype;
+    braid_op op;
+    int root;
+    uint64_t seq;      /* per-group sequence number, identical on every rank */
+    braid_algo algo;   /* resolved by the tuner before running */
+    int peer;          /* SEND/RECV: the other rank */
+    struct braid_coll *ops; /* GROUP: the recorded calls; the job owns them */
+    int nops;
+} braid_coll;
+
+struct braid_work {
+    braid_coll coll;
+    struct braid_work *next;    /* queue link */
+    braid_pg *pg;
+    atomic_int done;            /* set once, under pg->mu, with status */
+    atomic_int refs;            /* caller + executor; the last one frees */
+    braid_status status;
+    char error_text[512];
+};
+
+struct braid_pg {
+    int rank;
+    int size;
+    braid_transport_ctx ctx;
+    int timeout_ms;
+    size_t chunk_bytes;
+    braid_algo algo;
+
+    /* Rendezvous: the store (rank 0 also serves it) and peer addresses. */
+    braid_store_server *store_server;
+    braid_store *store;
+    const braid_transport_ops *transport;
+    braid_listener *listener;
+    char (*peer_addr)[BRAID_ADDR_MAX];
+    braid_conn **conns;         /* [size]; NULL until first use */
+
+    /* Failure state: sticky first error, abort flag and a wake-up fd that
+     * blocked progress loops poll, so abort is seen at once. */
+    atomic_int aborted;
+    atomic_int error;           /* braid_status; BRAID_OK while healthy */
+    char error_text[512];
+    int wake_fd;
+
+    /* Staging memory for the algorithms, grown on demand (executor only). */
+    void *scratch;
+    size_t scratch_bytes;
+
+    /* Executor: collectives run one at a time in issue order, either inline
+     * in a blocking caller or on the progress thread. */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    braid_work *queue_head, *queue_tail;
+    int busy;
+    int stopping;
+    uint64_t next_seq;
+    pthread_t thread;
+    int thread_started;
+
+    /* Group recording (group.c, under mu) and point-to-point message
+     * counters (algo/p2p.c, executor only); both made on first use. */
+    struct braid_group *group;
+    uint64_t *p2p_seq;          /* [2 * size]: sends to, receives from each peer */
+};
+
+/* Connection to peer, connecting or accepting on first use. */
+braid_status braid__pg_conn(braid_pg *pg, int peer, braid_conn **conn);
+
+/* Scratch buffer of at least bytes, owned by the group. */
+braid_status braid__pg_scratch(braid_pg *pg, size_t bytes, void **buf);
+
+/* Mark the group broken with the current thread's error (first one wins)
+ * and close every connection, so peers blocked on us fail fast too. */
+void braid__pg_fail(braid_pg *pg, braid_status status);
+
+/* Returns the status to report when the group is unusable, else BRAID_OK. */
+braid_status braid__pg_check_usable(braid_pg *pg, const char *op_name);
+
+/* Work queue (work.c). Takes over what the job owns (a group's calls),
+ * whatever it returns. */
+braid_status braid__work_submit(braid_pg *pg, const braid_coll *coll, braid_work **work);
+braid_status braid__work_start_thread(braid_pg *pg);
+void braid__work_stop_thread(braid_pg *pg);
+
+/* Groups (group.c). A call made inside an open group on its opening
+ * thread is recorded instead of queued: returns 1 with *st set. Caller
+ * holds pg->mu. */
+int braid__group_capture_locked(braid_pg *pg, const braid_coll *coll, braid_work **work, braid_status *st);
+/* 1 when the calling thread has a group open on pg. */
+int braid__group_open_here(braid_pg *pg);
+/* Sequence numbers a job takes: one per collective it contains (sends and
+ * receives take none: only two ranks see them). */
+uint64_t braid__coll_seqs(const braid_coll *coll);
+/* Free what a job owns (a group's recorded calls); every job copy that the
+ * executor drops goes through here once. */
+void braid__coll_release(braid_coll *coll);
+/* Free the group state and message counters (pg destruction). */
+void braid__group_release(braid_pg *pg);
+
+/* Run one collective on the calling thread (algo/dispatch.c). */
+braid_status braid__coll_run(braid_pg *pg, braid_coll *coll);
+
+#endif

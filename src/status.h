@@ -1,0 +1,38 @@
+/* Error reporting shared by every braid module. */
+#ifndef BRAID_STATUS_H
+#define BRAID_STATUS_H
+
+#include "braid.h"
+
+/* Record the detail text of a failure in this thread's error buffer, log it
+ * at WARN, and return status, so callers can write
+ *     return braid__error(BRAID_ERR_PEER, "rank %d: peer %d closed", ...);
+ * Call it once, where the error is first detected. */
+braid_status braid__error(braid_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Same, without logging: for errors the caller is expected to handle. */
+braid_status braid__error_quiet(braid_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Clear this thread's error text (called when a public call succeeds). */
+void braid__error_clear(void);
+
+/* Copy an error text (e.g. from the progress thread to a waiter). */
+void braid__error_set_text(const char *text);
+
+#define BRAID_CHECK_GOTO(call, status, label)                                                  \
+    do {                                                                                       \
+        (status) = (call);                                                                     \
+        if ((status) != BRAID_OK)                                                              \
+            goto label;                                                                        \
+    } while (0)
+
+#define BRAID_CHECK(call)                                                                      \
+    do {                                                                                       \
+        braid_status braid__st = (call);                                                       \
+        if (braid__st != BRAID_OK)                                                             \
+            return braid__st;                                                                  \
+    } while (0)
+
+#endif

@@ -1,0 +1,224 @@
+/* Executor: runs a group's collectives one at a time in issue order, so
+ * every rank runs them in the same order. A blocking call on an idle group
+ * runs inline (no thread hand-off on the latency path); everything else
+ * goes through the group's progress thread. */
+#include <errno.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "clock.h"
+#include "log.h"
+#include "pg.h"
+#include "status.h"
+
+static void work_unref(braid_work *w)
+{
+    if (atomic_fetch_sub(&w->refs, 1) == 1) {
+        braid__coll_release(&w->coll);
+        free(w);
+    }
+}
+
+/* Record a result and wake waiters; caller holds pg->mu. */
+static void work_complete_locked(braid_pg *pg, braid_work *w, braid_status st, const char *text)
+{
+    w->status = st;
+    snprintf(w->error_text, sizeof(w->error_text), "%s", st == BRAID_OK ? "" : text);
+    atomic_store(&w->done, 1);
+    pthread_cond_broadcast(&pg->cv);
+}
+
+static braid_work *queue_pop_locked(braid_pg *pg)
+{
+    braid_work *w = pg->queue_head;
+    if (w) {
+        pg->queue_head = w->next;
+        if (!pg->queue_head)
+            pg->queue_tail = NULL;
+    }
+    return w;
+}
+
+static void *progress_main(void *arg)
+{
+    braid_pg *pg = arg;
+    braid__log_set_rank(pg->rank);
+    pthread_mutex_lock(&pg->mu);
+    for (;;) {
+        while (!pg->stopping && (pg->busy || !pg->queue_head))
+            pthread_cond_wait(&pg->cv, &pg->mu);
+        if (pg->stopping)
+            break;
+        braid_work *w = queue_pop_locked(pg);
+        pg->busy = 1;
+        pthread_mutex_unlock(&pg->mu);
+        braid_status st = braid__coll_run(pg, &w->coll);
+        pthread_mutex_lock(&pg->mu);
+        pg->busy = 0;
+        work_complete_locked(pg, w, st, braid_last_error());
+        pthread_mutex_unlock(&pg->mu);
+        work_unref(w);
+        pthread_mutex_lock(&pg->mu);
+    }
+    /* Stopping: whatever is still queued never ran. */
+    braid_work *w;
+    while ((w = queue_pop_locked(pg)) != NULL) {
+        work_complete_locked(pg, w, BRAID_ERR_ABORTED, "BRAID_ERR_ABORTED: process group destroyed before the call ran");
+        work_unref(w);
+    }
+    pthread_mutex_unlock(&pg->mu);
+    return NULL;
+}
+
+braid_status braid__work_start_thread(braid_pg *pg)
+{
+    int rc = pthread_create(&pg->thread, NULL, progress_main, pg);
+    if (rc != 0) {
+        errno = rc;
+        return braid__error(BRAID_ERR_SYSTEM, "rank %d: cannot start the progress thread: %m", pg->rank);
+    }
+    char name[16];
+    snprintf(name, sizeof(name), "braid-prog-%d", pg->rank);
+    pthread_setname_np(pg->thread, name);
+    pg->thread_started = 1;
+    return BRAID_OK;
+}
+
+void braid__work_stop_thread(braid_pg *pg)
+{
+    if (!pg->thread_started)
+        return;
+    pthread_mutex_lock(&pg->mu);
+    pg->stopping = 1;
+    pthread_cond_broadcast(&pg->cv);
+    /* A blocking caller may be running inline: let it finish first. */
+    while (pg->busy)
+        pthread_cond_wait(&pg->cv, &pg->mu);
+    pthread_mutex_unlock(&pg->mu);
+    pthread_join(pg->thread, NULL);
+    pg->thread_started = 0;
+}
+
+static braid_status wait_locked(braid_pg *pg, braid_work *w, int timeout_ms)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    while (!atomic_load(&w->done)) {
+        if (pthread_cond_timedwait(&pg->cv, &pg->mu, &until) == ETIMEDOUT && !atomic_load(&w->done))
+            return BRAID_ERR_TIMEOUT;
+    }
+    return BRAID_OK;
+}
+
+braid_status braid__work_submit(braid_pg *pg, const braid_coll *coll, braid_work **work_out)
+{
+    pthread_mutex_lock(&pg->mu);
+    braid_status captured;
+    if (braid__group_capture_locked(pg, coll, work_out, &captured)) {
+        pthread_mutex_unlock(&pg->mu);
+        return captured;
+    }
+    /* From here the job's resources (a group's calls) are ours to free. */
+    braid_coll c = *coll;
+    if (pg->stopping) {
+        pthread_mutex_unlock(&pg->mu);
+        braid__coll_release(&c);
+        return braid__error(BRAID_ERR_ABORTED, "rank %d: process group is being destroyed", pg->rank);
+    }
+    if (!work_out && !pg->busy && !pg->queue_head) {
+        c.seq = pg->next_seq;
+        pg->next_seq += braid__coll_seqs(&c);
+        pg->busy = 1;
+        pthread_mutex_unlock(&pg->mu);
+        braid_status st = braid__coll_run(pg, &c);
+        braid__coll_release(&c);
+        pthread_mutex_lock(&pg->mu);
+        pg->busy = 0;
+        pthread_cond_broadcast(&pg->cv);
+        pthread_mutex_unlock(&pg->mu);
+        return st;
+    }
+
+    braid_work *w = calloc(1, sizeof(*w));
+    if (!w) {
+        pthread_mutex_unlock(&pg->mu);
+        braid__coll_release(&c);
+        return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for a work handle", pg->rank);
+    }
+    w->coll = c;
+    w->coll.seq = pg->next_seq;
+    pg->next_seq += braid__coll_seqs(&c);
+    w->pg = pg;
+    atomic_init(&w->refs, 2);
+    atomic_init(&w->done, 0);
+    if (pg->queue_tail)
+        pg->queue_tail->next = w;
+    else
+        pg->queue_head = w;
+    pg->queue_tail = w;
+    pthread_cond_broadcast(&pg->cv);
+    if (work_out) {
+        pthread_mutex_unlock(&pg->mu);
+        *work_out = w;
+        return BRAID_OK;
+    }
+    /* Blocking call behind queued work: the collective has its own
+     * deadline, so wait without one here. */
+    while (!atomic_load(&w->done))
+        pthread_cond_wait(&pg->cv, &pg->mu);
+    pthread_mutex_unlock(&pg->mu);
+    braid_status st = w->status;
+    if (st != BRAID_OK)
+        braid__error_set_text(w->error_text);
+    work_unref(w);
+    return st;
+}
+
+static braid_status work_result(braid_work *w)
+{
+    if (w->status != BRAID_OK)
+        braid__error_set_text(w->error_text);
+    else
+        braid__error_clear();
+    return w->status;
+}
+
+BRAID_API braid_status braid_wait(braid_work *w, int timeout_ms)
+{
+    if (!w)
+        return braid__error(BRAID_ERR_INVALID_ARG, "braid_wait: work is NULL");
+    if (atomic_load(&w->done))
+        return work_result(w);
+    braid_pg *pg = w->pg;
+    if (timeout_ms < 0)
+        timeout_ms = pg->timeout_ms + 1000; /* the collective's own deadline fires first */
+    pthread_mutex_lock(&pg->mu);
+    braid_status st = wait_locked(pg, w, timeout_ms);
+    pthread_mutex_unlock(&pg->mu);
+    if (st != BRAID_OK)
+        return braid__error_quiet(st, "rank %d: braid_wait: collective #%llu not done after %d ms", pg->rank,
+                                  (unsigned long long)w->coll.seq, timeout_ms);
+    return work_result(w);
+}
+
+BRAID_API braid_status braid_test(braid_work *w, int *done)
+{
+    if (!w || !done)
+        return braid__error(BRAID_ERR_INVALID_ARG, "braid_test: NULL argument");
+    *done = atomic_load(&w->done);
+    return *done ? work_result(w) : BRAID_OK;
+}
+
+BRAID_API void braid_work_free(braid_work *w)
+{
+    if (w)
+        work_unref(w);
+}

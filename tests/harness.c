@@ -1,0 +1,168 @@
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bootstrap/bootstrap.h"
+#include "harness.h"
+#include "reduce/reduce.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int harness_run(int n, harness_rank_fn fn, void *arg, const braid_config *cfg, int timeout_s,
+                harness_result *result)
+{
+    return harness_run_faulty(n, fn, arg, cfg, timeout_s, NULL, result);
+}
+
+int harness_run_faulty(int n, harness_rank_fn fn, void *arg, const braid_config *cfg, int timeout_s,
+                       const harness_fault *fault, harness_result *result)
+{
+    harness_result local;
+    harness_result *res = result ? result : &local;
+    memset(res, 0, sizeof(*res));
+    braid_unique_id_t id;
+    if (braid_unique_id(&id) != BRAID_OK) {
+        fprintf(stderr, "braid_unique_id: %s\n", braid_last_error());
+        return n;
+    }
+    pid_t pids[64];
+    int joined[2];
+    if (pipe(joined) != 0)
+        return n;
+    double start = now_s();
+    for (int r = 0; r < n; r++) {
+        fflush(NULL);
+        pids[r] = fork();
+        if (pids[r] == 0) {
+            close(joined[0]);
+            braid_pg *pg;
+            braid_status st = braid_pg_init(&pg, r, n, &id, cfg);
+            if (st != BRAID_OK) {
+                fprintf(stderr, "rank %d: init failed: %s\n", r, braid_last_error());
+                _exit(10);
+            }
+            ssize_t wr = write(joined[1], "j", 1);
+            (void)wr;
+            close(joined[1]);
+            int rc = fn(pg, arg);
+            braid_pg_destroy(pg);
+            _exit(rc);
+        }
+    }
+    close(joined[1]);
+    /* The children serve the id now; the parent's copy of the port goes. */
+    braid_rendezvous rv;
+    if (braid__unique_id_decode(&id, &rv) == BRAID_OK)
+        braid__prebound_release(rv.port);
+    fcntl(joined[0], F_SETFL, O_NONBLOCK);
+    int njoined = 0;
+    double all_joined_at = 0;
+    int failures = 0, left = n;
+    double deadline = start + timeout_s, fault_at = 0;
+    int fault_pending = fault && fault->rank >= 0 && fault->rank < n;
+    int fault_sig = fault && fault->signal ? fault->signal : SIGKILL;
+    while (left > 0) {
+        char jb[64];
+        ssize_t got;
+        while (njoined < n && (got = read(joined[0], jb, sizeof(jb))) > 0)
+            if ((njoined += (int)got) == n)
+                all_joined_at = now_s();
+        if (fault_pending && all_joined_at > 0 && now_s() >= all_joined_at + fault->after_ms / 1000.0) {
+            if (pids[fault->rank] > 0)
+                kill(pids[fault->rank], fault_sig);
+            fault_at = now_s();
+            fault_pending = 0;
+        }
+        int status;
+        pid_t p = waitpid(-1, &status, WNOHANG);
+        if (p > 0) {
+            for (int r = 0; r < n; r++) {
+                if (pids[r] == p) {
+                    res->exit_code[r] = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+                    int expected_death = fault && r == fault->rank && res->exit_code[r] == -fault_sig;
+                    if (res->exit_code[r] != 0 && !expected_death)
+                        failures++;
+                    pids[r] = 0;
+                    left--;
+                }
+            }
+            continue;
+        }
+        if (now_s() > deadline) {
+            for (int r = 0; r < n; r++) {
+                if (pids[r] > 0) {
+                    kill(pids[r], SIGKILL);
+                    waitpid(pids[r], NULL, 0);
+                    fprintf(stderr, "rank %d still running after %d s: killed\n", r, timeout_s);
+                    res->exit_code[r] = 124;
+                    failures++;
+                    left--;
+                }
+            }
+            break;
+        }
+        usleep(1000);
+    }
+    close(joined[0]);
+    res->seconds = now_s() - start;
+    res->fault_to_end_s = fault_at > 0 ? now_s() - fault_at : 0;
+    return failures;
+}
+
+int64_t harness_value(int rank, size_t i, uint32_t seed, int lo, int hi)
+{
+    uint64_t x = (uint64_t)rank * 0x9E3779B97F4A7C15ull ^ (uint64_t)i * 0xBF58476D1CE4E5B9ull ^ seed;
+    x ^= x >> 31;
+    x *= 0x94D049BB133111EBull;
+    x ^= x >> 29;
+    return lo + (int64_t)(x % (uint64_t)(hi - lo + 1));
+}
+
+void harness_store(braid_dtype dtype, void *buf, size_t i, double v)
+{
+    switch (dtype) {
+    case BRAID_F32: ((float *)buf)[i] = (float)v; break;
+    case BRAID_F64: ((double *)buf)[i] = v; break;
+    case BRAID_I8: ((int8_t *)buf)[i] = (int8_t)(int64_t)v; break;
+    case BRAID_U8: ((uint8_t *)buf)[i] = (uint8_t)(int64_t)v; break;
+    case BRAID_I32: ((int32_t *)buf)[i] = (int32_t)(int64_t)v; break;
+    case BRAID_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    case BRAID_F16:
+    case BRAID_BF16: {
+        float f = (float)v;
+        braid__cast(dtype, (uint16_t *)buf + i, BRAID_F32, &f, 1);
+        break;
+    }
+    default: abort();
+    }
+}
+
+double harness_load(braid_dtype dtype, const void *buf, size_t i)
+{
+    switch (dtype) {
+    case BRAID_F32: return ((const float *)buf)[i];
+    case BRAID_F64: return ((const double *)buf)[i];
+    case BRAID_I8: return ((const int8_t *)buf)[i];
+    case BRAID_U8: return ((const uint8_t *)buf)[i];
+    case BRAID_I32: return ((const int32_t *)buf)[i];
+    case BRAID_I64: return (double)((const int64_t *)buf)[i];
+    case BRAID_F16:
+    case BRAID_BF16: {
+        float f;
+        braid__cast(BRAID_F32, &f, dtype, (const uint16_t *)buf + i, 1);
+        return f;
+    }
+    default: abort();
+    }
+}

@@ -1,0 +1,53 @@
+/* Multi-process test harness: fork N ranks on loopback, run a function in
+ * each, and collect their exit codes with a deadline. */
+#ifndef BRAID_TEST_HARNESS_H
+#define BRAID_TEST_HARNESS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "braid.h"
+
+/* A rank body: returns 0 on success; failures print why to stderr. */
+typedef int (*harness_rank_fn)(braid_pg *pg, void *arg);
+
+typedef struct {
+    int exit_code[64];      /* per rank; -SIG for a signal, 124 for timeout */
+    double seconds;         /* wall time until the last rank ended */
+    double fault_to_end_s;  /* harness_run_faulty: fault until the last exit */
+} harness_result;
+
+/* Run fn on n ranks; returns the number of ranks that did not exit 0.
+ * cfg may be NULL. Ranks still running after timeout_s are killed. */
+int harness_run(int n, harness_rank_fn fn, void *arg, const braid_config *cfg, int timeout_s,
+                harness_result *result);
+
+/* Fault injection for harness_run_faulty: SIGKILL (or another signal)
+ * rank `rank` after_ms after the ranks were started. */
+typedef struct {
+    int rank;         /* -1: none */
+    int after_ms;     /* counted from the moment every rank has joined */
+    int signal;       /* 0 means SIGKILL */
+} harness_fault;
+
+/* Like harness_run; the killed rank's exit code is -signal and does not
+ * count as a failure. result->fault_to_end_s is the time from the fault to
+ * the last surviving rank's exit. */
+int harness_run_faulty(int n, harness_rank_fn fn, void *arg, const braid_config *cfg, int timeout_s,
+                       const harness_fault *fault, harness_result *result);
+
+/* Deterministic test data: a small integer in [lo, hi] for (rank, i, seed),
+ * exactly representable in every dtype, and helpers to store it. */
+int64_t harness_value(int rank, size_t i, uint32_t seed, int lo, int hi);
+void harness_store(braid_dtype dtype, void *buf, size_t i, double v);
+double harness_load(braid_dtype dtype, const void *buf, size_t i);
+
+#define HARNESS_FAIL(...)                                                                      \
+    do {                                                                                       \
+        fprintf(stderr, __VA_ARGS__);                                                          \
+        fputc('\n', stderr);                                                                   \
+        return 1;                                                                              \
+    } while (0)
+
+#endif

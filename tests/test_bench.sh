@@ -1,0 +1,192 @@
+#!/usr/bin/env bash
+# Tests for braid-bench and scripts/netns-bench.
+#
+# usage: test_bench.sh BRAID-BENCH [local|netns NETNS-BENCH]
+#   local  (default) forked local ranks: every dtype and op verified at 2 and
+#          4 ranks, broadcast, nccl-tests table format, csv append, plot,
+#          usage errors
+#   netns  two ranks in network namespaces over a shaped link; exits 77
+#          (skipped) where network namespaces cannot be created
+set -uo pipefail
+
+bench=${1:?usage: test_bench.sh BRAID-BENCH [local|netns NETNS-BENCH]}
+mode=${2:-local}
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/test_bench.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+checks=0
+
+fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
+ok() { checks=$((checks + 1)); }
+
+# check_table FILE ROWS CHECKED: the output is nccl-tests' table with ROWS
+# data rows of 13 columns; with CHECKED=1 both #wrong columns are 0, else N/A.
+check_table() {
+  local f=$1 rows=$2 checked=$3 what=$4
+  # Header lines, exactly as nccl-tests prints them.
+  local h1 h2 h3
+  h1='#                                                              out-of-place                       in-place          '
+  h2='#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong'
+  h3='#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       '
+  grep -qxF -- "$h1" "$f" && grep -qxF -- "$h2" "$f" && grep -qxF -- "$h3" "$f" ||
+    { fail "$what: column header differs from nccl-tests"; return; }
+  grep -Eq '^# nThread 1 nGpus 1 minBytes [0-9]+ maxBytes [0-9]+ step: [0-9]+\((factor|bytes)\) warmup iters: [0-9]+ iters: [0-9]+ agg iters: 1 validation: [01] graph: 0$' "$f" ||
+    { fail "$what: first header line differs from nccl-tests"; return; }
+  grep -Eq '^#  Rank  0 Group  0 Pid +[0-9]+ on +[^ ]+ device +[0-9]+ \[0x00\] ' "$f" ||
+    { fail "$what: no device line for rank 0"; return; }
+  local got
+  # data rows: every non-comment, non-empty line
+  got=$(awk '!/^#/ && NF > 0' "$f" | wc -l)
+  [ "$got" -eq "$rows" ] || { fail "$what: $got table rows, expected $rows"; return; }
+  local bad
+  bad=$(awk -v checked="$checked" '
+    /^#/ || NF == 0 { next }
+    NF != 13 { print "row with " NF " columns: " $0; next }
+    $1 !~ /^[0-9]+$/ || $2 !~ /^[0-9]+$/ { print "bad size/count: " $0; next }
+    $6 + 0 < 0 || $10 + 0 < 0 { print "negative time: " $0; next }
+    checked == 1 && ($9 != "0" || $13 != "0") { print "wrong elements: " $0; next }
+    checked == 0 && ($9 != "N/A" || $13 != "N/A") { print "expected N/A: " $0; next }
+  ' "$f")
+  [ -z "$bad" ] || { fail "$what: $bad"; return; }
+  grep -qx '# Out of bounds values : 0 OK' "$f" || { fail "$what: footer does not say 0 OK"; return; }
+  grep -Eq '^# Avg bus bandwidth    : [0-9.e+-]+ $' "$f" || { fail "$what: no average bus bandwidth line"; return; }
+  ok
+}
+
+# run NAME ARGS...: braid-bench with a time limit; stdout in $tmp/NAME.out.
+run() {
+  local name=$1; shift
+  timeout 300 "$bench" "$@" >"$tmp/$name.out" 2>"$tmp/$name.err"
+  local rc=$?
+  if [ $rc != 0 ]; then
+    fail "$name: braid-bench $* exited $rc"
+    sed 's/^/  | /' "$tmp/$name.err" | tail -n 20 >&2
+  fi
+  return $rc
+}
+
+local_tests() {
+  local sizes=(-b 8 -e 64K -f 8) # 8 64 512 4096 32768: odd counts for wide types, several chunks
+  local nsizes=5
+  for n in 2 4; do
+    # Every dtype x op, verified. 8 dtypes x 5 ops x 5 sizes.
+    run "ar$n" allreduce -N "$n" "${sizes[@]}" -n 2 -w 1 -c 1 -d all -o all &&
+      check_table "$tmp/ar$n.out" $((8 * 5 * nsizes)) 1 "allreduce -N $n -d all -o all"
+    # Each requested algorithm must produce right answers too.
+    for a in ring rd; do
+      run "ar$n-$a" allreduce -N "$n" -b 4 -e 1M -f 16 -n 2 -w 1 -c 1 -d float -o sum -a "$a" &&
+        check_table "$tmp/ar$n-$a.out" 5 1 "allreduce -N $n -a $a"
+    done
+    # Broadcast from a non-zero root; redop is "none" and root the root.
+    run "bc$n" broadcast -N "$n" "${sizes[@]}" -n 2 -w 1 -c 1 -d all -r 1 &&
+      check_table "$tmp/bc$n.out" $((8 * nsizes)) 1 "broadcast -N $n" &&
+      { awk '!/^#/ && NF > 0 && ($4 != "none" || $5 != "1") { bad = 1 } END { exit bad }' "$tmp/bc$n.out" ||
+        fail "broadcast rows must show redop none, root 1"; }
+  done
+  # allreduce rows show root -1 and the op name.
+  awk '!/^#/ && NF > 0 && ($5 != "-1") { bad = 1 } END { exit bad }' "$tmp/ar2.out" ||
+    fail "allreduce rows must show root -1"
+
+  # Unverified run: #wrong is N/A; -i steps add; sizes accept suffixes.
+  run nocheck allreduce -N 3 -b 1K -e 3K -i 1K -n 2 -w 0 -c 0 -d int32 &&
+    check_table "$tmp/nocheck.out" 3 0 "allreduce -c 0 -i 1K" &&
+    { [ "$(awk '!/^#/ && NF > 0 { print $1 }' "$tmp/nocheck.out" | tr '\n' ' ')" = "1024 2048 3072 " ] ||
+      fail "-b 1K -e 3K -i 1K should give sizes 1024 2048 3072"; }
+
+  # busbw = algbw * 2(n-1)/n for all-reduce (n=4: 1.5x), = algbw for broadcast.
+  # Both columns are rounded to 0.01, so allow 0.005 + 1.5 * 0.005.
+  awk '!/^#/ && NF > 0 { d = $8 - 1.5 * $7; if (d < -0.0126 || d > 0.0126) bad = 1 } END { exit bad }' \
+    "$tmp/ar4.out" || fail "all-reduce busbw/algbw at 4 ranks is not 1.5"
+  awk '!/^#/ && NF > 0 && $7 != $8 { bad = 1 } END { exit bad }' "$tmp/bc4.out" ||
+    fail "broadcast busbw differs from algbw"
+
+  # csv: a header once, then one row per size per run, appended.
+  local csv=$tmp/runs.csv
+  run csv1 allreduce -N 2 -b 1K -e 64K -f 4 -n 2 -w 1 --csv "$csv" --label two &&
+    run csv2 allreduce -N 4 -b 1K -e 64K -f 4 -n 2 -w 1 --csv "$csv" --label four && {
+      local lines heads
+      lines=$(wc -l <"$csv")
+      heads=$(grep -c '^size,count,type,redop,root,oop_time_us' "$csv")
+      [ "$lines" -eq 9 ] && [ "$heads" -eq 1 ] || fail "csv: $lines lines ($heads headers), expected 1 header + 2 x 4 rows"
+      awk -F, 'NR > 1 && (NF != 15 || $9 != "0" || $13 != "0") { bad = 1 } END { exit bad }' "$csv" ||
+        fail "csv rows must have 15 fields and 0 wrong"
+      [ "$(awk -F, 'NR > 1 { print $14 "/" $15 }' "$csv" | sort -u | tr '\n' ' ')" = "2/two 4/four " ] ||
+        fail "csv: nranks/label columns wrong"
+      ok
+    }
+  printf 'not,a,braid,csv\n' >"$tmp/other.csv"
+  "$bench" allreduce -N 2 -b 1K -e 1K -n 1 -w 0 --csv "$tmp/other.csv" >/dev/null 2>"$tmp/other.err"
+  [ $? = 2 ] && grep -q 'not a braid-bench csv' "$tmp/other.err" || fail "a foreign csv must be refused (exit 2)"
+
+  # --plot: a PNG, when gnuplot is installed.
+  if command -v gnuplot >/dev/null 2>&1; then
+    if run plot allreduce -N 2 -b 1K -e 1M -f 8 -n 2 -w 1 --plot "$tmp/bw.png"; then
+      [ "$(head -c 4 "$tmp/bw.png" | od -An -tx1 | tr -d ' \n')" = 89504e47 ] || fail "--plot did not write a PNG"
+      ok
+    fi
+    bench_dir=$(dirname "$0")/../bench
+    if [ -x "$bench_dir/plot.sh" ]; then
+      "$bench_dir/plot.sh" "$tmp/both.png" "$csv" "$csv" >/dev/null 2>"$tmp/plotsh.err" &&
+        [ -s "$tmp/both.png" ] || fail "bench/plot.sh failed: $(cat "$tmp/plotsh.err")"
+    fi
+  else
+    echo "note: gnuplot not installed, --plot not tested"
+    env PATH=/nonexistent "$bench" allreduce -N 2 -b 1K -e 1K -n 1 --plot "$tmp/x.png" >/dev/null 2>"$tmp/np.err"
+    grep -q gnuplot "$tmp/np.err" || fail "--plot without gnuplot must say so"
+  fi
+
+  # Usage errors: exit 2 with a reason, before any rank starts.
+  local rc
+  "$bench" allreduce -N 2 -d float17 >/dev/null 2>"$tmp/e1"; rc=$?
+  [ $rc = 2 ] && grep -q "unknown datatype 'float17'" "$tmp/e1" || fail "bad -d must exit 2 with a reason (got $rc)"
+  "$bench" broadcast -N 2 -r 5 -b 1K -e 1K >/dev/null 2>"$tmp/e2"; rc=$?
+  [ $rc = 2 ] && grep -q "root 5 is not a rank" "$tmp/e2" || fail "-r 5 at 2 ranks must exit 2 (got $rc)"
+  "$bench" reduce_scatter >/dev/null 2>"$tmp/e3"; rc=$?
+  [ $rc = 2 ] || fail "unknown collective must exit 2 (got $rc)"
+  "$bench" allreduce -b 1M -e 1K >/dev/null 2>"$tmp/e4"; rc=$?
+  [ $rc = 2 ] || fail "minbytes > maxbytes must exit 2 (got $rc)"
+  "$bench" --help >/dev/null || fail "--help must exit 0"
+  ok
+}
+
+netns_tests() {
+  local nb=${1:?netns mode needs the netns-bench path}
+  local probe=braid-nb-probe-$$
+  if [ "$(id -u)" != 0 ]; then
+    echo "SKIP: network namespaces need root"; exit 77
+  fi
+  if ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1; then
+    echo "SKIP: iproute2 (ip, tc) is not installed"; exit 77
+  fi
+  if ! ip netns add "$probe" 2>"$tmp/probe.err"; then
+    echo "SKIP: 'ip netns add' is not permitted here: $(cat "$tmp/probe.err")"; exit 77
+  fi
+  ip netns del "$probe"
+  local before after
+  before=$(ip netns list | grep -c '^braid-nb-')
+  timeout 300 "$nb" -n 2 --rate 1gbit --delay 0.1ms --bench "$bench" -- \
+    allreduce -b 1M -e 1M -n 3 -w 1 -c 1 >"$tmp/nb.out" 2>"$tmp/nb.err"
+  local rc=$?
+  if [ $rc != 0 ]; then
+    fail "netns-bench exited $rc"
+    sed 's/^/  | /' "$tmp/nb.err" | tail -n 20 >&2
+  else
+    check_table "$tmp/nb.out" 1 1 "netns-bench 2 ranks"
+    grep -Eq '^# link 1gbit = 0.1250 GB/s: +1048576 B .*= +[0-9.]+%' "$tmp/nb.out" ||
+      fail "netns-bench printed no busbw/link summary"
+    # The link is shaped: busbw cannot beat 1 Gbit/s by more than tbf's burst.
+    awk '!/^#/ && NF == 13 && $8 > 0.14 { bad = 1 } END { exit bad }' "$tmp/nb.out" ||
+      fail "busbw above the 1gbit link rate: shaping not applied"
+  fi
+  after=$(ip netns list | grep -c '^braid-nb-')
+  [ "$after" -le "$before" ] || fail "netns-bench left namespaces behind: $(ip netns list | grep braid-nb-)"
+  ok
+}
+
+case $mode in
+  local) local_tests ;;
+  netns) netns_tests "${3:-}" ;;
+  *) echo "unknown mode $mode" >&2; exit 2 ;;
+esac
+echo "$checks checks passed, $failures failures"
+[ "$failures" = 0 ]

@@ -1,0 +1,252 @@
+#!/usr/bin/env python3
+"""PyTorch DDP with braid's comm hook against DDP's own gloo all-reduce.
+
+Two ranks (subprocesses on loopback) train the same small MLP on the same
+data shards four times: with braid.torch_hook.allreduce_hook, with the
+default gloo all-reduce, and with f16-compressed buckets through braid and
+through torch's own fp16_compress_hook. Checks:
+
+- within every run both ranks end with bit-identical parameters;
+- braid vs gloo (f32): max |difference| <= 1e-6. With two ranks each
+  averaged element is (a + b) / 2 in both (one rounding of the sum, exact
+  halving), so the runs should agree to the bit; the tolerance only allows
+  for gloo halving before summing (a/2 + b/2 has the same single rounding
+  except near underflow);
+- braid f16 vs torch f16: both round each gradient to f16, so they may
+  differ by an f16 rounding of the gradient (2^-11 relative) per step,
+  scaled by lr; bound 1e-3 absolute after 8 steps of lr 0.1;
+- the loss falls, and the braid hook ran once per bucket per step;
+- the ctypes binding itself: allreduce/broadcast of numpy arrays and torch
+  tensors, blocking and async, and errors raised with a message.
+
+Exit 77 (skip) when torch, torch.distributed's gloo backend or libbraid is
+missing, with the reason.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+
+SKIP = 77
+WORLD = 2
+STEPS = 8
+BATCH = 32  # global; 16 per rank
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.environ.get("BRAID_PYTHONPATH", os.path.join(os.path.dirname(HERE), "python")))
+
+
+def skip(reason):
+    print("SKIP: " + reason)
+    sys.exit(SKIP)
+
+
+def free_port_pair():
+    """A port P with P+1 also free: torch's store takes MASTER_PORT and
+    braid's store MASTER_PORT+1."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port >= 65535:
+            continue
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no two adjacent free ports on 127.0.0.1")
+
+
+# ---- worker (one rank) ------------------------------------------------
+
+def check_binding(braid, pg, torch):
+    """Collectives of the binding on numpy arrays and torch tensors."""
+    rank, n = pg.rank, pg.size
+    t = torch.arange(10, dtype=torch.float64) + rank
+    pg.allreduce(t, op="avg")
+    want = torch.arange(10, dtype=torch.float64) + (n - 1) / 2.0
+    assert torch.equal(t, want), "torch f64 avg: %s != %s" % (t, want)
+
+    i = torch.full((7,), rank + 1, dtype=torch.int32)
+    work = pg.allreduce(i, op="sum", async_op=True)
+    work.wait()
+    assert work.is_completed()
+    assert int(i[0]) == n * (n + 1) // 2 and bool((i == i[0]).all()), "async i32 sum: %s" % i
+
+    b = torch.full((5,), -1.0) if rank != n - 1 else torch.arange(5, dtype=torch.float32)
+    pg.broadcast(b, root=n - 1)
+    assert torch.equal(b, torch.arange(5, dtype=torch.float32)), "broadcast: %s" % b
+
+    try:
+        import numpy as np
+    except ImportError:
+        np = None
+    if np is not None:
+        a = np.full(1000, rank + 1, dtype=np.float32)
+        pg.allreduce(a, op="max")
+        assert (a == n).all(), "numpy f32 max: %s" % a[:4]
+        h = np.full(33, 0.5 * (rank + 1), dtype=np.float16)
+        pg.allreduce(h)
+        assert (h == np.float16(0.5 * n * (n + 1) / 2)).all(), "numpy f16 sum: %s" % h[:4]
+
+    errors = [
+        (lambda: pg.allreduce(torch.zeros(4, 4).t()), "not contiguous"),
+        (lambda: pg.allreduce(torch.zeros(4), op="mean"), "unknown op"),
+        (lambda: pg.allreduce([1.0, 2.0]), "expected a numpy array or a torch tensor"),
+        (lambda: pg.broadcast(torch.zeros(4), root=n), "root"),
+        (lambda: braid.ProcessGroup(rank=0, size=2, unique_id=b"short"), "128 bytes"),
+    ]
+    for call, text in errors:
+        try:
+            call()
+        except braid.BraidError as e:
+            assert text in str(e), "error %r does not mention %r" % (str(e), text)
+        else:
+            raise AssertionError("no BraidError for a call that should mention %r" % text)
+
+
+def worker(mode, rank, port, out):
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD))
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    import datetime
+
+    # A bounded rendezvous, so that a lost peer fails the test instead of
+    # waiting out torch's 30-minute default.
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=120))
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    # Small buckets so that a step has several of them, as a real model has.
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.01)
+
+    calls = [0]
+    if mode.startswith("braid"):
+        import braid
+        import braid.torch_hook
+
+        pg = braid.ProcessGroup(timeout_ms=120000)
+        assert (pg.rank, pg.size) == (rank, WORLD), "braid rank/size %s vs torch %s" % ((pg.rank, pg.size), (rank, WORLD))
+        check_binding(braid, pg, torch)
+        inner = braid.torch_hook.fp16_compress_hook if mode == "braid_fp16" else braid.torch_hook.allreduce_hook
+
+        def hook(state, bucket):
+            calls[0] += 1
+            return inner(state, bucket)
+
+        ddp.register_comm_hook(pg, hook)
+    elif mode == "gloo_fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(1234)
+    centers = torch.randn(4, 16, generator=gen) * 2
+    losses = []
+    local = BATCH // WORLD
+    for step in range(STEPS):
+        y = torch.randint(0, 4, (BATCH,), generator=gen)
+        x = centers[y] + torch.randn(BATCH, 16, generator=gen)
+        xs, ys = x[rank * local:(rank + 1) * local], y[rank * local:(rank + 1) * local]
+        loss = nn.functional.cross_entropy(ddp(xs), ys)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        full = loss.detach().clone()
+        dist.all_reduce(full)
+        losses.append(float(full) / WORLD)
+    torch.save({"params": [p.detach().clone() for p in model.parameters()], "losses": losses, "hook_calls": calls[0]},
+               out)
+    dist.destroy_process_group()
+    return 0
+
+
+# ---- driver -----------------------------------------------------------
+
+def run_mode(mode, tmp):
+    port = free_port_pair()
+    outs = [os.path.join(tmp, "%s.%d.pt" % (mode, r)) for r in range(WORLD)]
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", mode, str(r), str(port), outs[r]],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(WORLD)]
+    failed = []
+    for r, p in enumerate(procs):
+        try:
+            text, _ = p.communicate(timeout=int(os.environ.get("TEST_RANK_TIMEOUT", "300")))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            text, _ = p.communicate()
+            failed.append("rank %d timed out after 300 s:\n%s" % (r, text))
+            continue
+        if p.returncode != 0:
+            failed.append("rank %d exited %d:\n%s" % (r, p.returncode, text))
+    if failed:
+        raise AssertionError("mode %s failed:\n%s" % (mode, "\n".join(failed)))
+    import torch
+
+    return [torch.load(o) for o in outs]
+
+
+def max_diff(a, b):
+    return max(float((x - y).abs().max()) for x, y in zip(a, b))
+
+
+def main():
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError as e:
+        skip("torch is not importable by %s (%s); install Debian's python3-torch" % (sys.executable, e))
+    if not dist.is_available() or not dist.is_gloo_available():
+        skip("this torch build has no torch.distributed gloo backend")
+    try:
+        import braid
+    except OSError as e:
+        skip(str(e))
+    print("torch %s, libbraid %s" % (torch.__version__, braid.library_path))
+
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode in ("braid", "gloo", "braid_fp16", "gloo_fp16"):
+            results[mode] = run_mode(mode, tmp)
+
+    ok = True
+    for mode, ranks in results.items():
+        d = max_diff(ranks[0]["params"], ranks[1]["params"])
+        losses = ranks[0]["losses"]
+        print("%-10s loss %.4f -> %.4f, rank 0 vs rank 1 max |diff| %.3g, hook calls %d" %
+              (mode, losses[0], losses[-1], d, ranks[0]["hook_calls"]))
+        if d != 0.0:
+            print("FAIL: %s: ranks ended with different parameters" % mode)
+            ok = False
+        if not losses[-1] < losses[0]:
+            print("FAIL: %s: loss did not fall" % mode)
+            ok = False
+    for mode in ("braid", "braid_fp16"):
+        calls = results[mode][0]["hook_calls"]
+        # DDP calls the hook once per bucket per step; at least two buckets here.
+        if calls < 2 * STEPS or calls % STEPS != 0:
+            print("FAIL: %s: hook ran %d times in %d steps" % (mode, calls, STEPS))
+            ok = False
+    for a, b, tol in (("braid", "gloo", 1e-6), ("braid_fp16", "gloo_fp16", 1e-3)):
+        d = max_diff(results[a][0]["params"], results[b][0]["params"])
+        print("%s vs %s: max |diff| %.3g (tolerance %g)" % (a, b, d, tol))
+        if d > tol:
+            print("FAIL: %s and %s differ by more than %g" % (a, b, tol))
+            ok = False
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        sys.exit(worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]))
+    sys.exit(main())

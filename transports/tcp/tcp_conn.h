@@ -1,0 +1,78 @@
+/* TCP transport internals shared by its files (not for the rest of braid).
+ *
+ * Wire format of the data path: each message of len bytes becomes an
+ * 8-byte big-endian length header plus the payload, striped over the
+ * connection's sockets. Messages under BRAID_TCP_STRIPE_MIN (or with one
+ * socket) travel whole on socket 0; larger ones are cut into nsocks
+ * contiguous parts of `chunk` bytes (the last ones possibly shorter or
+ * empty), part k on socket k, the header in front of part 0. Both sides
+ * derive the layout from len alone, and the receiver checks the header
+ * against the length it posted, so a mismatched pair of calls fails with
+ * BRAID_ERR_MISMATCH instead of corrupting later messages. */
+#ifndef BRAID_TCP_CONN_H
+#define BRAID_TCP_CONN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bootstrap/sock.h"
+#include "braid_transport.h"
+
+#define BRAID_TCP_MAX_SOCKS 64
+#define BRAID_TCP_STRIPE_MIN (64 * 1024)
+#define BRAID_TCP_STRIPE_ALIGN 4096
+#define BRAID_TCP_HDR_BYTES 8
+#define BRAID_TCP_HANDSHAKE_MAX_MS 10000
+
+/* One socket of a connection and where it stands in each queue: the
+ * message it is moving (NULL: none) and how many of its bytes of that
+ * message (header included on socket 0) are done. */
+typedef struct {
+    int fd;
+    braid_req *send_cur;
+    size_t send_off;
+    braid_req *recv_cur;
+    size_t recv_off;
+    int eof_seen;                 /* peer closed this socket; data may remain */
+} braid_tcp_sock;
+
+typedef struct {
+    braid_conn base;              /* first: braid_conn * downcasts to this */
+    int rank;
+    int nsocks;
+    int peer_closed;              /* orderly close seen with nothing pending */
+    char addr[BRAID_SOCK_ADDR_STR];
+    char error_text[512];         /* of the sticky error, for later calls */
+    braid_req *send_head, *send_tail;
+    braid_req *recv_head, *recv_tail;
+    braid_tcp_sock socks[];       /* [nsocks] */
+} braid_tcp_conn;
+
+static inline braid_tcp_conn *braid_tcp_conn_of(braid_conn *conn)
+{
+    return (braid_tcp_conn *)conn; /* base is the first member */
+}
+
+/* Wrap nsocks connected, authenticated sockets (fds[k] = socket k) into a
+ * connection. On success the connection owns the fds; on failure the
+ * caller still does. */
+braid_status braid_tcp_conn_create(int rank, int peer, int nsocks, const int *fds, const char *addr,
+                                   braid_tcp_conn **conn);
+
+/* Stripe layout: bytes [*off, *off + *len) of a message of msg_len go on
+ * socket k of nsocks. */
+void braid_tcp_stripe(size_t msg_len, int nsocks, int k, size_t *off, size_t *len);
+
+/* Ops (tcp_conn.c, tcp_data.c, tcp_listen.c). */
+braid_status braid_tcp_listen(const braid_transport_ctx *ctx, braid_listener **listener, char addr[BRAID_ADDR_MAX]);
+braid_status braid_tcp_accept(braid_listener *listener, int peer, int timeout_ms, braid_conn **conn);
+void braid_tcp_close_listener(braid_listener *listener);
+braid_status braid_tcp_connect(const braid_transport_ctx *ctx, int peer, const char *addr, int timeout_ms,
+                               braid_conn **conn);
+void braid_tcp_close(braid_conn *conn);
+braid_status braid_tcp_isend(braid_conn *conn, braid_req *req, const void *buf, size_t len);
+braid_status braid_tcp_irecv(braid_conn *conn, braid_req *req, void *buf, size_t len);
+braid_status braid_tcp_test(braid_req *req, int *done);
+braid_status braid_tcp_progress(braid_conn **conns, int nconns, int wake_fd, int timeout_ms);
+
+#endif

@@ -1,0 +1,471 @@
+/* TCP listener: an accept thread that authenticates every incoming socket
+ * in a poll() state machine (so strays, garbage, wrong secrets and silent
+ * connections are dropped at their deadline without delaying anyone) and
+ * parks good ones per peer rank until accept() takes the whole set. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bootstrap/auth.h"
+#include "log.h"
+#include "status.h"
+#include "tcp.h"
+#include "tcp_conn.h"
+
+#define ACCEPT_PAUSE_MS 100
+#define FD_CLAIMED (-2)        /* a verified socket whose verdict is being sent */
+
+/* A socket still in its handshake. Owned by the accept thread. */
+typedef struct pending {
+    int fd;
+    int64_t deadline;
+    int claimed;               /* holds slots[peer.rank].fds[peer.sock_index] */
+    int dead;
+    char addr[BRAID_SOCK_ADDR_STR];
+    braid_auth_accept hs;
+    struct pending *next;
+} pending;
+
+/* Sockets of one peer rank. Guarded by the listener's mu. */
+typedef struct {
+    int nsocks;                /* 0 until the first socket is verified */
+    int arrived;
+    int taken;                 /* handed out by accept(): later ones are duplicates */
+    int *fds;                  /* [nsocks]: fd, -1 missing, FD_CLAIMED */
+    char addr[BRAID_SOCK_ADDR_STR];
+} slot;
+
+typedef struct {
+    braid_listener base;       /* first: braid_listener * downcasts to this */
+    braid_transport_ctx ctx;
+    char addr[BRAID_ADDR_MAX];
+    int listen_fd;
+    int wake[2];
+    int hs_timeout_ms;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stopping;
+    slot *slots;               /* [ctx.size] */
+    pending *pending;          /* accept thread only */
+    size_t npending;
+    struct pollfd *pfds;
+    pending **ppend;
+    size_t pcap;
+    int64_t accept_resume;
+} tcp_listener;
+
+static tcp_listener *listener_of(braid_listener *l)
+{
+    return (tcp_listener *)l;
+}
+
+static void drop(tcp_listener *l, pending *p, int level, const char *why)
+{
+    if (p->dead)
+        return;
+    BRAID_LOG(level, "rank %d: dropped a connection from %s: %s", l->ctx.rank, p->addr, why);
+    p->dead = 1;
+}
+
+/* Verdict on a verified initiator; claims its slot when accepted. */
+static uint32_t judge(tcp_listener *l, pending *p)
+{
+    const braid_hello *h = &p->hs.peer;
+    if (h->pg_tag != l->ctx.pg_tag)
+        return BRAID_AUTH_REJECT_GROUP;
+    if (h->target != l->ctx.rank || h->rank >= l->ctx.size)
+        return BRAID_AUTH_REJECT_RANK;
+    if (h->nsocks < 1 || h->nsocks > BRAID_TCP_MAX_SOCKS || h->sock_index >= h->nsocks)
+        return BRAID_AUTH_REJECT_SOCKETS;
+    uint32_t verdict = BRAID_AUTH_ACCEPTED;
+    pthread_mutex_lock(&l->mu);
+    slot *s = &l->slots[h->rank];
+    if (s->taken) {
+        verdict = BRAID_AUTH_REJECT_DUPLICATE;
+    } else if (s->nsocks && s->nsocks != h->nsocks) {
+        verdict = BRAID_AUTH_REJECT_SOCKETS;
+    } else {
+        if (!s->nsocks) {
+            s->fds = malloc((size_t)h->nsocks * sizeof(int));
+            if (!s->fds) {
+                pthread_mutex_unlock(&l->mu);
+                return BRAID_AUTH_REJECT_SOCKETS; /* out of memory: the peer sees a refusal */
+            }
+            for (int i = 0; i < h->nsocks; i++)
+                s->fds[i] = -1;
+            s->nsocks = h->nsocks;
+        }
+        if (s->fds[h->sock_index] != -1) {
+            verdict = BRAID_AUTH_REJECT_DUPLICATE;
+        } else {
+            s->fds[h->sock_index] = FD_CLAIMED;
+            p->claimed = 1;
+        }
+    }
+    pthread_mutex_unlock(&l->mu);
+    return verdict;
+}
+
+/* Give back a claim whose socket did not make it. */
+static void unclaim(tcp_listener *l, pending *p)
+{
+    if (!p->claimed)
+        return;
+    pthread_mutex_lock(&l->mu);
+    slot *s = &l->slots[p->hs.peer.rank];
+    s->fds[p->hs.peer.sock_index] = -1;
+    if (s->arrived == 0) {
+        free(s->fds);
+        s->fds = NULL;
+        s->nsocks = 0;
+    }
+    pthread_mutex_unlock(&l->mu);
+    p->claimed = 0;
+}
+
+static void park(tcp_listener *l, pending *p)
+{
+    const braid_hello *h = &p->hs.peer;
+    pthread_mutex_lock(&l->mu);
+    slot *s = &l->slots[h->rank];
+    s->fds[h->sock_index] = p->fd;
+    if (h->sock_index == 0)
+        snprintf(s->addr, sizeof(s->addr), "%s", p->addr);
+    if (++s->arrived == s->nsocks)
+        pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+    BRAID_TRACE("rank %d: peer %d socket %d of %d from %s authenticated", l->ctx.rank, h->rank, h->sock_index,
+                h->nsocks, p->addr);
+    p->fd = -1; /* the slot owns it now */
+    p->claimed = 0;
+    p->dead = 1;
+}
+
+static void step(tcp_listener *l, pending *p)
+{
+    if (braid__auth_accept_step(&p->hs, p->fd) != BRAID_OK) {
+        /* A bare connect-and-close is a port scan or a health check. */
+        int quiet = p->hs.bytes_in == 0 && p->hs.state == BRAID_AUTH_RECV_HELLO;
+        unclaim(l, p);
+        drop(l, p, quiet ? BRAID_LOG_INFO : BRAID_LOG_WARN, braid_last_error());
+        return;
+    }
+    if (p->hs.state == BRAID_AUTH_VERIFIED) {
+        uint32_t verdict = judge(l, p);
+        if (verdict != BRAID_AUTH_ACCEPTED)
+            BRAID_WARN("rank %d: refusing rank %d (socket %u of %u) from %s: %s", l->ctx.rank, p->hs.peer.rank,
+                       p->hs.peer.sock_index, p->hs.peer.nsocks, p->addr, braid__auth_result_string(verdict));
+        braid__auth_accept_finish(&p->hs, verdict);
+        if (braid__auth_accept_step(&p->hs, p->fd) != BRAID_OK) {
+            unclaim(l, p);
+            drop(l, p, BRAID_LOG_WARN, braid_last_error());
+            return;
+        }
+    }
+    if (p->hs.state == BRAID_AUTH_DONE) {
+        if (p->hs.result == BRAID_AUTH_ACCEPTED)
+            park(l, p);
+        else
+            p->dead = 1; /* refusal sent (and logged) */
+    }
+}
+
+static void accept_sockets(tcp_listener *l)
+{
+    for (;;) {
+        braid_sockaddr a;
+        a.len = sizeof(a.ss);
+        int fd = accept4(l->listen_fd, (struct sockaddr *)&a.ss, &a.len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == ENOBUFS) {
+                BRAID_WARN("rank %d: accept on %s: %m; pausing for %d ms", l->ctx.rank, l->addr, ACCEPT_PAUSE_MS);
+                l->accept_resume = braid__now_ms() + ACCEPT_PAUSE_MS;
+            } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
+                BRAID_WARN("rank %d: accept on %s: %m", l->ctx.rank, l->addr);
+            }
+            return;
+        }
+        pending *p = calloc(1, sizeof(*p));
+        braid_hello self = {.role = BRAID_ROLE_TCP_ACCEPT, .rank = l->ctx.rank, .target = -1,
+                            .pg_tag = l->ctx.pg_tag};
+        if (!p || braid__auth_accept_init(&p->hs, l->ctx.secret, &self, BRAID_ROLE_TCP_CONNECT) != BRAID_OK) {
+            BRAID_WARN("rank %d: cannot take a connection: out of memory or randomness", l->ctx.rank);
+            free(p);
+            close(fd);
+            continue;
+        }
+        braid__sock_tune(fd);
+        p->fd = fd;
+        p->deadline = braid__now_ms() + l->hs_timeout_ms;
+        braid__sock_addr_format(&a, p->addr, sizeof(p->addr));
+        p->next = l->pending;
+        l->pending = p;
+        l->npending++;
+    }
+}
+
+static void free_pending(pending *p)
+{
+    if (p->fd >= 0)
+        close(p->fd);
+    braid__auth_accept_clear(&p->hs);
+    free(p);
+}
+
+static void sweep(tcp_listener *l, int64_t now)
+{
+    for (pending **pp = &l->pending; *pp;) {
+        pending *p = *pp;
+        if (!p->dead && p->deadline <= now) {
+            unclaim(l, p);
+            drop(l, p, p->hs.bytes_in ? BRAID_LOG_WARN : BRAID_LOG_INFO,
+                 "no complete handshake in time (slow, silent or not a braid peer)");
+        }
+        if (p->dead) {
+            *pp = p->next;
+            l->npending--;
+            free_pending(p);
+        } else {
+            pp = &p->next;
+        }
+    }
+}
+
+static int grow(tcp_listener *l, size_t n)
+{
+    if (n <= l->pcap)
+        return 0;
+    size_t cap = l->pcap ? l->pcap : 16;
+    while (cap < n)
+        cap *= 2;
+    struct pollfd *f = realloc(l->pfds, cap * sizeof(*f));
+    if (!f)
+        return -1;
+    l->pfds = f;
+    pending **p = realloc(l->ppend, cap * sizeof(*p));
+    if (!p)
+        return -1;
+    l->ppend = p;
+    l->pcap = cap;
+    return 0;
+}
+
+static void *accept_main(void *arg)
+{
+    tcp_listener *l = arg;
+    for (;;) {
+        int64_t now = braid__now_ms();
+        if (grow(l, l->npending + 2) != 0) {
+            BRAID_WARN("rank %d: out of memory for %zu pending connections", l->ctx.rank, l->npending);
+            poll(NULL, 0, ACCEPT_PAUSE_MS);
+            continue;
+        }
+        int64_t next = l->accept_resume > now ? l->accept_resume : -1;
+        size_t n = 0;
+        l->pfds[n++] = (struct pollfd){.fd = l->wake[0], .events = POLLIN};
+        l->pfds[n++] = (struct pollfd){.fd = l->accept_resume > now ? -1 : l->listen_fd, .events = POLLIN};
+        for (pending *p = l->pending; p; p = p->next) {
+            l->ppend[n] = p;
+            l->pfds[n++] = (struct pollfd){.fd = p->fd, .events = braid__auth_accept_events(&p->hs)};
+            if (next < 0 || p->deadline < next)
+                next = p->deadline;
+        }
+        int timeout = next < 0 ? -1 : next <= now ? 0 : (int)(next - now);
+        int rc = poll(l->pfds, (nfds_t)n, timeout);
+        if (rc < 0 && errno != EINTR) {
+            BRAID_WARN("rank %d: listener poll: %m", l->ctx.rank);
+            poll(NULL, 0, ACCEPT_PAUSE_MS);
+            continue;
+        }
+        if (rc > 0 && l->pfds[0].revents)
+            break;
+        for (size_t i = 2; rc > 0 && i < n; i++)
+            if (l->pfds[i].revents)
+                step(l, l->ppend[i]);
+        if (rc > 0 && l->pfds[1].revents)
+            accept_sockets(l);
+        sweep(l, braid__now_ms());
+    }
+    return NULL;
+}
+
+/* The address peers dial: the bound one, or for a wildcard bind the
+ * first non-loopback IPv4 address. */
+static braid_status listener_addr(tcp_listener *l, int port)
+{
+    braid_sockaddr a;
+    char ip[64];
+    if (l->ctx.bind_ip[0])
+        snprintf(ip, sizeof(ip), "%s", l->ctx.bind_ip);
+    else
+        braid__sock_default_ip(ip, sizeof(ip));
+    BRAID_CHECK(braid__sock_resolve(ip, port, &a));
+    braid__sock_addr_format(&a, l->addr, sizeof(l->addr));
+    return BRAID_OK;
+}
+
+braid_status braid_tcp_listen(const braid_transport_ctx *ctx, braid_listener **listener, char addr[BRAID_ADDR_MAX])
+{
+    braid_status st;
+    if (ctx->size < 1 || ctx->rank < 0 || ctx->rank >= ctx->size)
+        return braid__error(BRAID_ERR_INVALID_ARG, "tcp listen: rank %d of %d", ctx->rank, ctx->size);
+    tcp_listener *l = calloc(1, sizeof(*l));
+    if (!l)
+        return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for a listener", ctx->rank);
+    l->base.ops = &braid__tcp_ops;
+    l->ctx = *ctx;
+    l->hs_timeout_ms = ctx->timeout_ms > 0 && ctx->timeout_ms < BRAID_TCP_HANDSHAKE_MAX_MS
+                           ? ctx->timeout_ms
+                           : BRAID_TCP_HANDSHAKE_MAX_MS;
+    l->slots = calloc((size_t)ctx->size, sizeof(*l->slots));
+    if (!l->slots) {
+        st = braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for %d peers", ctx->rank, ctx->size);
+        goto err_free;
+    }
+    int port;
+    BRAID_CHECK_GOTO(braid__sock_listen(ctx->bind_ip, 0, &l->listen_fd, &port), st, err_free_slots);
+    BRAID_CHECK_GOTO(listener_addr(l, port), st, err_close_listen);
+    if (pipe2(l->wake, O_CLOEXEC | O_NONBLOCK) != 0) {
+        st = braid__error(BRAID_ERR_SYSTEM, "rank %d: pipe: %m", ctx->rank);
+        goto err_close_listen;
+    }
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    int rc = pthread_cond_init(&l->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    if (rc != 0) {
+        st = braid__error(BRAID_ERR_SYSTEM, "rank %d: pthread_cond_init failed (%d)", ctx->rank, rc);
+        goto err_close_pipe;
+    }
+    pthread_mutex_init(&l->mu, NULL);
+    rc = pthread_create(&l->thread, NULL, accept_main, l);
+    if (rc != 0) {
+        errno = rc;
+        st = braid__error(BRAID_ERR_SYSTEM, "rank %d: cannot start the accept thread: %m", ctx->rank);
+        goto err_destroy_sync;
+    }
+    snprintf(addr, BRAID_ADDR_MAX, "%s", l->addr);
+    BRAID_INFO("rank %d: tcp listening on %s", ctx->rank, l->addr);
+    *listener = &l->base;
+    return BRAID_OK;
+
+err_destroy_sync:
+    pthread_mutex_destroy(&l->mu);
+    pthread_cond_destroy(&l->cv);
+err_close_pipe:
+    close(l->wake[0]);
+    close(l->wake[1]);
+err_close_listen:
+    close(l->listen_fd);
+err_free_slots:
+    free(l->slots);
+err_free:
+    free(l);
+    return st;
+}
+
+braid_status braid_tcp_accept(braid_listener *listener, int peer, int timeout_ms, braid_conn **conn)
+{
+    tcp_listener *l = listener_of(listener);
+    if (peer < 0 || peer >= l->ctx.size)
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: accept from peer %d of a group of %d", l->ctx.rank,
+                            peer, l->ctx.size);
+    if (timeout_ms <= 0)
+        timeout_ms = l->ctx.timeout_ms > 0 ? l->ctx.timeout_ms : 300000;
+    int64_t deadline = braid__now_ms() + timeout_ms;
+    struct timespec ts = {(time_t)(deadline / 1000), (long)(deadline % 1000) * 1000000L};
+    braid_status st = BRAID_OK;
+    int fds[BRAID_TCP_MAX_SOCKS], nsocks = 0;
+    char addr[BRAID_SOCK_ADDR_STR];
+
+    pthread_mutex_lock(&l->mu);
+    slot *s = &l->slots[peer];
+    while (!l->stopping && !s->taken && !(s->nsocks && s->arrived == s->nsocks)) {
+        int rc = pthread_cond_timedwait(&l->cv, &l->mu, &ts);
+        if (rc == ETIMEDOUT && !(s->nsocks && s->arrived == s->nsocks)) {
+            st = braid__error(BRAID_ERR_TIMEOUT,
+                              "rank %d: timed out after %d ms waiting for peer %d to connect to %s "
+                              "(%d of %d sockets arrived)",
+                              l->ctx.rank, timeout_ms, peer, l->addr, s->arrived, s->nsocks ? s->nsocks : 1);
+            goto out_unlock;
+        }
+    }
+    if (l->stopping) {
+        st = braid__error(BRAID_ERR_ABORTED, "rank %d: listener closed while waiting for peer %d", l->ctx.rank, peer);
+        goto out_unlock;
+    }
+    if (s->taken) {
+        st = braid__error(BRAID_ERR_INVALID_ARG, "rank %d: the connection from peer %d was already accepted",
+                          l->ctx.rank, peer);
+        goto out_unlock;
+    }
+    nsocks = s->nsocks;
+    memcpy(fds, s->fds, (size_t)nsocks * sizeof(int));
+    snprintf(addr, sizeof(addr), "%s", s->addr);
+    free(s->fds);
+    s->fds = NULL;
+    s->taken = 1;
+    pthread_mutex_unlock(&l->mu);
+
+    braid_tcp_conn *c;
+    st = braid_tcp_conn_create(l->ctx.rank, peer, nsocks, fds, addr, &c);
+    if (st != BRAID_OK) {
+        for (int k = 0; k < nsocks; k++)
+            close(fds[k]);
+        return st;
+    }
+    BRAID_INFO("rank %d: accepted peer %d from %s with %d socket%s", l->ctx.rank, peer, addr, nsocks,
+               nsocks > 1 ? "s" : "");
+    *conn = &c->base;
+    return BRAID_OK;
+
+out_unlock:
+    pthread_mutex_unlock(&l->mu);
+    return st;
+}
+
+void braid_tcp_close_listener(braid_listener *listener)
+{
+    if (!listener)
+        return;
+    tcp_listener *l = listener_of(listener);
+    pthread_mutex_lock(&l->mu);
+    l->stopping = 1;
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+    ssize_t w;
+    do {
+        w = write(l->wake[1], "x", 1);
+    } while (w < 0 && errno == EINTR);
+    pthread_join(l->thread, NULL);
+    for (pending *p = l->pending, *next; p; p = next) {
+        next = p->next;
+        free_pending(p);
+    }
+    for (int r = 0; r < l->ctx.size; r++) {
+        slot *s = &l->slots[r];
+        for (int k = 0; s->fds && k < s->nsocks; k++)
+            if (s->fds[k] >= 0)
+                close(s->fds[k]);
+        free(s->fds);
+    }
+    free(l->slots);
+    free(l->pfds);
+    free(l->ppend);
+    close(l->wake[0]);
+    close(l->wake[1]);
+    close(l->listen_fd);
+    pthread_mutex_destroy(&l->mu);
+    pthread_cond_destroy(&l->cv);
+    memset(l->ctx.secret, 0, sizeof(l->ctx.secret));
+    free(l);
+}

@@ -1,0 +1,172 @@
+/* The verbs transport's ops table: listeners and connection set-up over
+ * the TCP transport, posting, and memory registration. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+#include "log.h"
+#include "status.h"
+#include "transports/tcp/tcp.h"
+#include "verbs.h"
+#include "verbs_conn.h"
+#include "verbs_dev.h"
+
+/* The listener is a TCP listener plus a reference on the device, taken at
+ * listen() so an unusable device fails the group's start-up rather than
+ * its first collective. */
+typedef struct {
+    braid_listener base; /* first */
+    braid_listener *tcp;
+    braid_transport_ctx ctx; /* with nsocks = 1: set-up needs one socket */
+    braid_verbs_dev *dev;
+} braid_verbs_listener;
+
+/* A reg_mem() handle: the registration and the range the caller named,
+ * which dereg_mem() invalidates (the caller may free it next). */
+typedef struct {
+    braid_verbs_region *region;
+    void *buf;
+    size_t len;
+} braid_verbs_reg;
+
+static braid_transport_ctx oob_ctx(const braid_transport_ctx *ctx)
+{
+    braid_transport_ctx t = *ctx;
+    t.nsocks = 1;
+    return t;
+}
+
+static braid_status verbs_listen(const braid_transport_ctx *ctx, braid_listener **listener,
+                                 char addr[BRAID_ADDR_MAX])
+{
+    braid_verbs_listener *l = calloc(1, sizeof(*l));
+    if (!l)
+        return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for the verbs listener", ctx->rank);
+    l->base.ops = &braid__verbs_ops;
+    l->ctx = oob_ctx(ctx);
+    braid_status st;
+    BRAID_CHECK_GOTO(braid__verbs_dev_acquire(ctx->rank, &l->dev), st, err_free);
+    BRAID_CHECK_GOTO(braid__tcp_ops.listen(&l->ctx, &l->tcp, addr), st, err_release);
+    *listener = &l->base;
+    return BRAID_OK;
+
+err_release:
+    braid__verbs_dev_release(l->dev);
+err_free:
+    free(l);
+    return st;
+}
+
+static braid_status verbs_accept(braid_listener *listener, int peer, int timeout_ms, braid_conn **conn)
+{
+    braid_verbs_listener *l = (braid_verbs_listener *)listener;
+    int64_t deadline = braid__now_ms() + (timeout_ms > 0 ? timeout_ms : l->ctx.timeout_ms);
+    braid_conn *oob;
+    BRAID_CHECK(braid__tcp_ops.accept(l->tcp, peer, timeout_ms, &oob));
+    return braid__verbs_conn_setup(&l->ctx, peer, oob, deadline, conn);
+}
+
+static braid_status verbs_connect(const braid_transport_ctx *ctx, int peer, const char *addr, int timeout_ms,
+                                  braid_conn **conn)
+{
+    braid_transport_ctx t = oob_ctx(ctx);
+    int64_t deadline = braid__now_ms() + (timeout_ms > 0 ? timeout_ms : ctx->timeout_ms);
+    braid_conn *oob;
+    BRAID_CHECK(braid__tcp_ops.connect(&t, peer, addr, timeout_ms, &oob));
+    return braid__verbs_conn_setup(&t, peer, oob, deadline, conn);
+}
+
+static void verbs_close_listener(braid_listener *listener)
+{
+    if (!listener)
+        return;
+    braid_verbs_listener *l = (braid_verbs_listener *)listener;
+    braid__tcp_ops.close_listener(l->tcp);
+    braid__verbs_dev_release(l->dev);
+    free(l);
+}
+
+static braid_status verbs_reg_mem(braid_conn *conn, void *buf, size_t len, void **handle)
+{
+    braid_verbs_conn *c = braid_verbs_conn_of(conn);
+    if (len == 0) {
+        *handle = NULL;
+        return BRAID_OK;
+    }
+    braid_verbs_reg *h = malloc(sizeof(*h));
+    if (!h)
+        return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for a registration handle", c->rank);
+    pthread_mutex_lock(&c->dev->mu);
+    int err = braid_verbs_regcache_acquire(&c->dev->cache, buf, len, 1, &h->region);
+    pthread_mutex_unlock(&c->dev->mu);
+    if (err) {
+        free(h);
+        return braid__error(BRAID_ERR_SYSTEM, "rank %d: cannot register %zu bytes at %p on %s: %s", c->rank, len, buf,
+                            c->dev->name, strerror(err));
+    }
+    h->buf = buf;
+    h->len = len;
+    *handle = h;
+    return BRAID_OK;
+}
+
+static braid_status verbs_dereg_mem(braid_conn *conn, void *handle)
+{
+    braid_verbs_conn *c = braid_verbs_conn_of(conn);
+    braid_verbs_reg *h = handle;
+    if (!h)
+        return BRAID_OK;
+    pthread_mutex_lock(&c->dev->mu);
+    braid_verbs_regcache_release(&c->dev->cache, h->region);
+    braid_verbs_regcache_invalidate(&c->dev->cache, h->buf, h->len);
+    pthread_mutex_unlock(&c->dev->mu);
+    free(h);
+    return BRAID_OK;
+}
+
+static braid_status post_check(braid_verbs_conn *c, braid_req *req, const void *buf, size_t len, const char *what)
+{
+    if (!req || (len && !buf))
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s to peer %d with a NULL %s", c->rank, what,
+                            c->base.peer, req ? "buffer" : "request");
+    memset(req, 0, sizeof(*req));
+    req->conn = &c->base;
+    return BRAID_OK;
+}
+
+static braid_status verbs_isend(braid_conn *conn, braid_req *req, const void *buf, size_t len)
+{
+    braid_verbs_conn *c = braid_verbs_conn_of(conn);
+    BRAID_CHECK(post_check(c, req, buf, len, "send"));
+    braid_status st = braid_verbs_engine_isend(&c->eng, req, buf, len);
+    if (st != BRAID_OK)
+        c->base.error = st;
+    return st;
+}
+
+static braid_status verbs_irecv(braid_conn *conn, braid_req *req, void *buf, size_t len)
+{
+    braid_verbs_conn *c = braid_verbs_conn_of(conn);
+    BRAID_CHECK(post_check(c, req, buf, len, "receive"));
+    braid_status st = braid_verbs_engine_irecv(&c->eng, req, buf, len);
+    if (st != BRAID_OK)
+        c->base.error = st;
+    return st;
+}
+
+const braid_transport_ops braid__verbs_ops = {
+    .size = sizeof(braid_transport_ops),
+    .name = "verbs",
+    .probe = braid__verbs_probe,
+    .listen = verbs_listen,
+    .accept = verbs_accept,
+    .connect = verbs_connect,
+    .close_listener = verbs_close_listener,
+    .reg_mem = verbs_reg_mem,
+    .dereg_mem = verbs_dereg_mem,
+    .isend = verbs_isend,
+    .irecv = verbs_irecv,
+    .test = braid__verbs_test,
+    .progress = braid__verbs_progress,
+    .close = braid__verbs_conn_close,
+};
