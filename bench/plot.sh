@@ -16,7 +16,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --ip) col=12; shift ;;
     --title) title=${2:?--title needs a value}; shift 2 ;;
-    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     --) shift; break ;;
     -*) echo "plot.sh: unknown option $1" >&2; exit 2 ;;
     *) break ;;

@@ -12,8 +12,8 @@ typedef struct {
     int dim;
     int classes;
     uint64_t seed;
-    float spread;    /* scale of the class centers relative to the unit noise */
-    float *centers;  /* [classes][dim] */
+    float spread;   /* scale of the class centers relative to the unit noise */
+    float *centers; /* [classes][dim] */
 } blobs;
 
 /* Draw the class centers from seed. Returns 0, or -1 when out of memory. */

@@ -44,24 +44,23 @@ typedef struct {
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: ddp_mlp [options]\n"
-            "  --steps N          training steps (default 30)\n"
-            "  -N, --ranks N      local ranks to fork when not under a launcher (default 2)\n"
-            "  --in N             input features (default 512)\n"
-            "  --hidden N         width of each hidden layer (default 1024)\n"
-            "  --layers N         hidden layers (default 2)\n"
-            "  --classes N        classes (default 10)\n"
-            "  --batch N          global batch, split evenly over ranks (default 256)\n"
-            "  --lr X             SGD learning rate (default 0.05)\n"
-            "  --no-overlap       hand gradients to the bucketer only after the whole backward\n"
-            "  --bucket-mb X      bucket cap in MiB (default 25)\n"
-            "  --first-bucket-mb X first bucket cap in MiB (default 1)\n"
-            "  --compress f16|bf16 compress gradients on the wire\n"
-            "  --dump FILE        write each rank's final weights (raw f32, model order) to FILE.<rank>\n"
-            "  --print-every N    print the loss every N steps (default 10; 0: only the last)\n"
-            "  --warmup N         steps left out of the timing (default 3)\n"
-            "  --seed N           data and init seed (default 1)\n");
+    fprintf(f, "usage: ddp_mlp [options]\n"
+               "  --steps N          training steps (default 30)\n"
+               "  -N, --ranks N      local ranks to fork when not under a launcher (default 2)\n"
+               "  --in N             input features (default 512)\n"
+               "  --hidden N         width of each hidden layer (default 1024)\n"
+               "  --layers N         hidden layers (default 2)\n"
+               "  --classes N        classes (default 10)\n"
+               "  --batch N          global batch, split evenly over ranks (default 256)\n"
+               "  --lr X             SGD learning rate (default 0.05)\n"
+               "  --no-overlap       hand gradients to the bucketer only after the whole backward\n"
+               "  --bucket-mb X      bucket cap in MiB (default 25)\n"
+               "  --first-bucket-mb X first bucket cap in MiB (default 1)\n"
+               "  --compress f16|bf16 compress gradients on the wire\n"
+               "  --dump FILE        write each rank's final weights (raw f32, model order) to FILE.<rank>\n"
+               "  --print-every N    print the loss every N steps (default 10; 0: only the last)\n"
+               "  --warmup N         steps left out of the timing (default 3)\n"
+               "  --seed N           data and init seed (default 1)\n");
 }
 
 static int parse_int(const char *name, const char *text, int lo, int *out)
@@ -92,40 +91,93 @@ static int parse_double(const char *name, const char *text, double *out)
 
 static int parse_options(int argc, char **argv, options *o)
 {
-    *o = (options){.steps = 30, .ranks = 2, .in = 512, .hidden = 1024, .layers = 2, .classes = 10, .batch = 256,
-                   .lr = 0.05f, .overlap = 1, .print_every = 10, .warmup = 3, .compress = BRAID_F32, .seed = 1};
-    enum { O_STEPS = 256, O_IN, O_HIDDEN, O_LAYERS, O_CLASSES, O_BATCH, O_LR, O_NO_OVERLAP, O_BUCKET, O_FIRST,
-           O_COMPRESS, O_DUMP, O_PRINT, O_WARMUP, O_SEED };
-    static const struct option longopts[] = {
-        {"steps", required_argument, NULL, O_STEPS},     {"ranks", required_argument, NULL, 'N'},
-        {"in", required_argument, NULL, O_IN},           {"hidden", required_argument, NULL, O_HIDDEN},
-        {"layers", required_argument, NULL, O_LAYERS},   {"classes", required_argument, NULL, O_CLASSES},
-        {"batch", required_argument, NULL, O_BATCH},     {"lr", required_argument, NULL, O_LR},
-        {"no-overlap", no_argument, NULL, O_NO_OVERLAP}, {"bucket-mb", required_argument, NULL, O_BUCKET},
-        {"first-bucket-mb", required_argument, NULL, O_FIRST},
-        {"compress", required_argument, NULL, O_COMPRESS}, {"dump", required_argument, NULL, O_DUMP},
-        {"print-every", required_argument, NULL, O_PRINT}, {"warmup", required_argument, NULL, O_WARMUP},
-        {"seed", required_argument, NULL, O_SEED},       {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0}};
+    *o = (options){.steps = 30,
+                   .ranks = 2,
+                   .in = 512,
+                   .hidden = 1024,
+                   .layers = 2,
+                   .classes = 10,
+                   .batch = 256,
+                   .lr = 0.05f,
+                   .overlap = 1,
+                   .print_every = 10,
+                   .warmup = 3,
+                   .compress = BRAID_F32,
+                   .seed = 1};
+    enum {
+        O_STEPS = 256,
+        O_IN,
+        O_HIDDEN,
+        O_LAYERS,
+        O_CLASSES,
+        O_BATCH,
+        O_LR,
+        O_NO_OVERLAP,
+        O_BUCKET,
+        O_FIRST,
+        O_COMPRESS,
+        O_DUMP,
+        O_PRINT,
+        O_WARMUP,
+        O_SEED
+    };
+    static const struct option longopts[] = {{"steps", required_argument, NULL, O_STEPS},
+                                             {"ranks", required_argument, NULL, 'N'},
+                                             {"in", required_argument, NULL, O_IN},
+                                             {"hidden", required_argument, NULL, O_HIDDEN},
+                                             {"layers", required_argument, NULL, O_LAYERS},
+                                             {"classes", required_argument, NULL, O_CLASSES},
+                                             {"batch", required_argument, NULL, O_BATCH},
+                                             {"lr", required_argument, NULL, O_LR},
+                                             {"no-overlap", no_argument, NULL, O_NO_OVERLAP},
+                                             {"bucket-mb", required_argument, NULL, O_BUCKET},
+                                             {"first-bucket-mb", required_argument, NULL, O_FIRST},
+                                             {"compress", required_argument, NULL, O_COMPRESS},
+                                             {"dump", required_argument, NULL, O_DUMP},
+                                             {"print-every", required_argument, NULL, O_PRINT},
+                                             {"warmup", required_argument, NULL, O_WARMUP},
+                                             {"seed", required_argument, NULL, O_SEED},
+                                             {"help", no_argument, NULL, 'h'},
+                                             {NULL, 0, NULL, 0}};
     int c, seed = 1;
     double lr;
     while ((c = getopt_long(argc, argv, "N:h", longopts, NULL)) != -1) {
         int rc = 0;
         switch (c) {
-        case O_STEPS: rc = parse_int("--steps", optarg, 1, &o->steps); break;
-        case 'N': rc = parse_int("--ranks", optarg, 1, &o->ranks); break;
-        case O_IN: rc = parse_int("--in", optarg, 1, &o->in); break;
-        case O_HIDDEN: rc = parse_int("--hidden", optarg, 1, &o->hidden); break;
-        case O_LAYERS: rc = parse_int("--layers", optarg, 0, &o->layers); break;
-        case O_CLASSES: rc = parse_int("--classes", optarg, 2, &o->classes); break;
-        case O_BATCH: rc = parse_int("--batch", optarg, 1, &o->batch); break;
+        case O_STEPS:
+            rc = parse_int("--steps", optarg, 1, &o->steps);
+            break;
+        case 'N':
+            rc = parse_int("--ranks", optarg, 1, &o->ranks);
+            break;
+        case O_IN:
+            rc = parse_int("--in", optarg, 1, &o->in);
+            break;
+        case O_HIDDEN:
+            rc = parse_int("--hidden", optarg, 1, &o->hidden);
+            break;
+        case O_LAYERS:
+            rc = parse_int("--layers", optarg, 0, &o->layers);
+            break;
+        case O_CLASSES:
+            rc = parse_int("--classes", optarg, 2, &o->classes);
+            break;
+        case O_BATCH:
+            rc = parse_int("--batch", optarg, 1, &o->batch);
+            break;
         case O_LR:
             rc = parse_double("--lr", optarg, &lr);
             o->lr = (float)lr;
             break;
-        case O_NO_OVERLAP: o->overlap = 0; break;
-        case O_BUCKET: rc = parse_double("--bucket-mb", optarg, &o->bucket_mb); break;
-        case O_FIRST: rc = parse_double("--first-bucket-mb", optarg, &o->first_bucket_mb); break;
+        case O_NO_OVERLAP:
+            o->overlap = 0;
+            break;
+        case O_BUCKET:
+            rc = parse_double("--bucket-mb", optarg, &o->bucket_mb);
+            break;
+        case O_FIRST:
+            rc = parse_double("--first-bucket-mb", optarg, &o->first_bucket_mb);
+            break;
         case O_COMPRESS:
             if (strcmp(optarg, "f16") == 0)
                 o->compress = BRAID_F16;
@@ -136,15 +188,25 @@ static int parse_options(int argc, char **argv, options *o)
                 rc = -1;
             }
             break;
-        case O_DUMP: o->dump = optarg; break;
-        case O_PRINT: rc = parse_int("--print-every", optarg, 0, &o->print_every); break;
-        case O_WARMUP: rc = parse_int("--warmup", optarg, 0, &o->warmup); break;
+        case O_DUMP:
+            o->dump = optarg;
+            break;
+        case O_PRINT:
+            rc = parse_int("--print-every", optarg, 0, &o->print_every);
+            break;
+        case O_WARMUP:
+            rc = parse_int("--warmup", optarg, 0, &o->warmup);
+            break;
         case O_SEED:
             rc = parse_int("--seed", optarg, 0, &seed);
             o->seed = (uint64_t)seed;
             break;
-        case 'h': usage(stdout); exit(0);
-        default: usage(stderr); return -1;
+        case 'h':
+            usage(stdout);
+            exit(0);
+        default:
+            usage(stderr);
+            return -1;
         }
         if (rc)
             return -1;
@@ -220,7 +282,7 @@ static int broadcast_weights(braid_pg *pg, mlp *m)
 }
 
 typedef struct {
-    double step, backward, wait;  /* summed seconds over the timed steps */
+    double step, backward, wait; /* summed seconds over the timed steps */
     int timed;
 } timing;
 
@@ -273,7 +335,9 @@ static int train(braid_pg *pg, const options *o)
                "(%d per rank), overlap %s%s\n",
                world, o->layers, o->hidden, nparams, (double)nparams * 4 / 1048576.0, o->batch, local,
                o->overlap ? "on" : "off",
-               o->compress == BRAID_F16 ? ", f16 wire" : o->compress == BRAID_BF16 ? ", bf16 wire" : "");
+               o->compress == BRAID_F16    ? ", f16 wire"
+               : o->compress == BRAID_BF16 ? ", bf16 wire"
+                                           : "");
 
     timing t = {0};
     double first_loss = 0, last_loss = 0;
@@ -334,8 +398,7 @@ static int train(braid_pg *pg, const options *o)
         printf("RESULT ranks=%d params=%zu hidden=%d layers=%d batch=%d overlap=%d buckets=%d ms_per_step=%.3f "
                "wait_ms=%.3f first_loss=%.6f final_loss=%.6f\n",
                world, nparams, o->hidden, o->layers, o->batch, o->overlap, braid_bucketer_bucket_count(bk),
-               t.timed ? 1e3 * t.step / t.timed : 0.0, t.timed ? 1e3 * t.wait / t.timed : 0.0, first_loss,
-               last_loss);
+               t.timed ? 1e3 * t.step / t.timed : 0.0, t.timed ? 1e3 * t.wait / t.timed : 0.0, first_loss, last_loss);
         fflush(stdout);
     }
     if (o->dump && dump_weights(&m, o->dump, rank))
@@ -391,6 +454,7 @@ static int spawn_local(const options *o)
             break;
         }
         if (pids[r] == 0) {
+            free(pids); /* the parent's bookkeeping */
             braid_pg *pg;
             if (braid_pg_init(&pg, r, o->ranks, &id, NULL) != BRAID_OK) {
                 fprintf(stderr, "rank %d: braid_pg_init: %s\n", r, braid_last_error());

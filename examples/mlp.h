@@ -14,8 +14,8 @@
 
 typedef struct {
     int in, out;
-    float *w, *b;    /* w: [in][out] row-major (y = x w + b), b: [out] */
-    float *gw, *gb;  /* gradients, same shapes */
+    float *w, *b;   /* w: [in][out] row-major (y = x w + b), b: [out] */
+    float *gw, *gb; /* gradients, same shapes */
 } mlp_layer;
 
 typedef struct {
@@ -33,7 +33,7 @@ typedef int (*mlp_grad_ready_fn)(void *ctx, int param);
 int mlp_create(mlp *m, int in, int hidden, int nhidden, int classes, int batch_cap);
 void mlp_destroy(mlp *m);
 
-int mlp_param_count(const mlp *m);            /* 2 * nlayers */
+int mlp_param_count(const mlp *m); /* 2 * nlayers */
 float *mlp_param(const mlp *m, int param, size_t *count);
 float *mlp_grad(const mlp *m, int param, size_t *count);
 size_t mlp_total_params(const mlp *m);

@@ -29,9 +29,9 @@ typedef struct {
     void *grad;
     size_t count;
     braid_dtype dtype;
-    int bucket;        /* -1 until the layout is formed */
-    size_t offset;     /* element offset in the bucket's flat buffer */
-    int marked;        /* ready() was called for it in this step */
+    int bucket;    /* -1 until the layout is formed */
+    size_t offset; /* element offset in the bucket's flat buffer */
+    int marked;    /* ready() was called for it in this step */
 } param_slot;
 
 typedef struct {
@@ -43,23 +43,27 @@ typedef struct {
     int cap_params;
     int *param_ids;
     size_t *offsets;
-    void *flat;        /* count elements of wire_dtype */
-    int pending;       /* params not yet marked in this step */
+    void *flat;  /* count elements of wire_dtype */
+    int pending; /* params not yet marked in this step */
     int launched;
-    braid_work *work;  /* NULL when launched without communication */
+    braid_work *work; /* NULL when launched without communication */
 } bucket;
 
 struct braid_bucketer {
     braid_pg *pg;
     size_t bucket_bytes;
     size_t first_bucket_bytes;
-    braid_dtype wire_dtype;   /* BRAID_F32: no compression */
+    braid_dtype wire_dtype; /* BRAID_F32: no compression */
     param_slot *params;
     int nparams, cap_params;
     bucket *buckets;
     int nbuckets;
     int built;
-    int next_launch;          /* lowest bucket index not yet launched */
+    /* A failed build (layouts differ across ranks) is final: retrying would
+     * run the cross-rank check again, alone, and hang. */
+    braid_status build_status;
+    char build_text[TEXT_MAX];
+    int next_launch; /* lowest bucket index not yet launched */
     unsigned long long step;
     /* First failure of this step (a launch that failed): later ready()
      * calls and finish() report it. */
@@ -202,8 +206,8 @@ static braid_status check_layout_across_ranks(braid_bucketer *b)
     if (st != BRAID_OK) {
         char text[TEXT_MAX];
         snprintf(text, sizeof(text), "%s", strip_status(braid_last_error(), st));
-        return braid__error(st, "rank %d: bucketer: checking the bucket layout across ranks failed: %s",
-                            rank_of(b), text);
+        return braid__error(st, "rank %d: bucketer: checking the bucket layout across ranks failed: %s", rank_of(b),
+                            text);
     }
     if (v[0] != h || -v[1] != h)
         return braid__error(BRAID_ERR_MISMATCH,
@@ -232,19 +236,27 @@ braid_status braid__bucketer_build(braid_bucketer *b)
         return braid__error(BRAID_ERR_INVALID_ARG, "bucketer: bucketer is NULL");
     if (b->built)
         return BRAID_OK;
+    if (b->build_status != BRAID_OK) {
+        braid__error_set_text(b->build_text);
+        return b->build_status;
+    }
     braid_status st;
     BRAID_CHECK_GOTO(assign_buckets(b), st, err_free_buckets);
     BRAID_CHECK_GOTO(check_layout_across_ranks(b), st, err_free_buckets);
     b->built = 1;
     BRAID_INFO("bucketer: %d params in %d buckets (caps %zu / %zu bytes, wire %s)", b->nparams, b->nbuckets,
-               b->first_bucket_bytes, b->bucket_bytes, b->wire_dtype == BRAID_F32 ? "uncompressed" :
-               b->wire_dtype == BRAID_F16 ? "f16" : "bf16");
+               b->first_bucket_bytes, b->bucket_bytes,
+               b->wire_dtype == BRAID_F32   ? "uncompressed"
+               : b->wire_dtype == BRAID_F16 ? "f16"
+                                            : "bf16");
     return BRAID_OK;
 
 err_free_buckets:
     free_buckets(b);
     for (int id = 0; id < b->nparams; id++)
         b->params[id].bucket = -1;
+    b->build_status = st;
+    snprintf(b->build_text, sizeof(b->build_text), "%s", braid_last_error());
     return st;
 }
 
@@ -253,8 +265,8 @@ braid_status braid__bucketer_bucket_info(const braid_bucketer *b, int k, braid__
     if (!b || !info)
         return braid__error(BRAID_ERR_INVALID_ARG, "bucketer: bucket_info: NULL argument");
     if (!b->built || k < 0 || k >= b->nbuckets)
-        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: bucketer: no bucket %d (%d buckets formed)", rank_of(b),
-                            k, b->built ? b->nbuckets : 0);
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: bucketer: no bucket %d (%d buckets formed)", rank_of(b), k,
+                            b->built ? b->nbuckets : 0);
     const bucket *bk = &b->buckets[k];
     info->dtype = bk->dtype;
     info->wire_dtype = bk->wire_dtype;
@@ -285,15 +297,15 @@ BRAID_API braid_status braid_bucketer_create(braid_bucketer **out, braid_pg *pg,
     return BRAID_OK;
 }
 
-BRAID_API braid_status braid_bucketer_add(braid_bucketer *b, void *grad, size_t count, braid_dtype dtype,
-                                          int *param_id)
+BRAID_API braid_status braid_bucketer_add(braid_bucketer *b, void *grad, size_t count, braid_dtype dtype, int *param_id)
 {
     if (!b || !param_id)
         return braid__error(BRAID_ERR_INVALID_ARG, "bucketer: add: %s is NULL", b ? "param_id" : "bucketer");
     if (b->built)
         return braid__error(BRAID_ERR_INVALID_ARG,
                             "rank %d: bucketer: add after the buckets were formed (register every param before the "
-                            "first ready())", rank_of(b));
+                            "first ready())",
+                            rank_of(b));
     size_t esize = braid_dtype_size(dtype);
     if (esize == 0)
         return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: bucketer: add: invalid dtype %d", rank_of(b), (int)dtype);
@@ -306,8 +318,7 @@ BRAID_API braid_status braid_bucketer_add(braid_bucketer *b, void *grad, size_t 
         int cap = b->cap_params ? 2 * b->cap_params : 16;
         param_slot *p = realloc(b->params, (size_t)cap * sizeof(*p));
         if (!p)
-            return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: bucketer: out of memory for %d params", rank_of(b),
-                                cap);
+            return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: bucketer: out of memory for %d params", rank_of(b), cap);
         b->params = p;
         b->cap_params = cap;
     }
@@ -325,11 +336,13 @@ BRAID_API braid_status braid_bucketer_set_compression(braid_bucketer *b, braid_d
     if (wire_dtype != BRAID_F32 && wire_dtype != BRAID_F16 && wire_dtype != BRAID_BF16)
         return braid__error(BRAID_ERR_INVALID_ARG,
                             "rank %d: bucketer: set_compression: wire dtype %d is not BRAID_F16, BRAID_BF16 or "
-                            "BRAID_F32 (off)", rank_of(b), (int)wire_dtype);
+                            "BRAID_F32 (off)",
+                            rank_of(b), (int)wire_dtype);
     if (b->built)
         return braid__error(BRAID_ERR_INVALID_ARG,
                             "rank %d: bucketer: set_compression after the buckets were formed (call it before the "
-                            "first ready())", rank_of(b));
+                            "first ready())",
+                            rank_of(b));
     b->wire_dtype = wire_dtype;
     braid__error_clear();
     return BRAID_OK;
@@ -403,9 +416,10 @@ static braid_status drain_bucket(braid_bucketer *b, int k, char *text, size_t te
         braid_work_free(bk->work);
         bk->work = NULL;
         if (st != BRAID_OK) {
-            snprintf(text, text_cap, "rank %d: bucketer step %llu: all-reduce of bucket %d (%zu elements, %d params) "
-                     "failed: %s", rank_of(b), b->step, k, bk->count, bk->nparams,
-                     strip_status(braid_last_error(), st));
+            snprintf(text, text_cap,
+                     "rank %d: bucketer step %llu: all-reduce of bucket %d (%zu elements, %d params) "
+                     "failed: %s",
+                     rank_of(b), b->step, k, bk->count, bk->nparams, strip_status(braid_last_error(), st));
             return st;
         }
     }

@@ -10,13 +10,13 @@
 
 /* One bucket as laid out in its flat buffer. */
 typedef struct {
-    braid_dtype dtype;       /* dtype of every gradient in the bucket */
-    braid_dtype wire_dtype;  /* dtype of the flat buffer and the all-reduce */
-    size_t count;            /* elements in the flat buffer */
-    size_t bytes;            /* count * size of dtype (the size counted against the cap) */
+    braid_dtype dtype;      /* dtype of every gradient in the bucket */
+    braid_dtype wire_dtype; /* dtype of the flat buffer and the all-reduce */
+    size_t count;           /* elements in the flat buffer */
+    size_t bytes;           /* count * size of dtype (the size counted against the cap) */
     int nparams;
-    const int *param_ids;    /* in flat-buffer order (reverse registration order) */
-    const size_t *offsets;   /* element offset of each param in the flat buffer */
+    const int *param_ids;  /* in flat-buffer order (reverse registration order) */
+    const size_t *offsets; /* element offset of each param in the flat buffer */
 } braid__bucket_info;
 
 /* Form the buckets now (normally done by the first ready()); afterwards no

@@ -60,13 +60,18 @@ BRAID_API braid_status braid_reduce(braid_pg *pg, const void *send, void *recv, 
             return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: reduce: send and recv overlap without being equal",
                                 pg->rank);
     }
-    braid_coll c = {.kind = BRAID_COLL_REDUCE, .send = send, .recv = pg->rank == root ? recv : NULL,
-                    .count = count, .dtype = dtype, .op = op, .root = root};
+    braid_coll c = {.kind = BRAID_COLL_REDUCE,
+                    .send = send,
+                    .recv = pg->rank == root ? recv : NULL,
+                    .count = count,
+                    .dtype = dtype,
+                    .op = op,
+                    .root = root};
     return braid__work_submit(pg, &c, work);
 }
 
-BRAID_API braid_status braid_allgather(braid_pg *pg, const void *send, void *recv, size_t sendcount,
-                                       braid_dtype dtype, void *cuda_stream, braid_work **work)
+BRAID_API braid_status braid_allgather(braid_pg *pg, const void *send, void *recv, size_t sendcount, braid_dtype dtype,
+                                       void *cuda_stream, braid_work **work)
 {
     BRAID_CHECK(check_common(pg, "allgather", sendcount, 1, dtype, cuda_stream));
     BRAID_CHECK(check_ptr(pg, "allgather", "send", send, sendcount));
@@ -77,8 +82,13 @@ BRAID_API braid_status braid_allgather(braid_pg *pg, const void *send, void *rec
         return braid__error(BRAID_ERR_INVALID_ARG,
                             "rank %d: allgather: send overlaps recv without being its block %d (in place)", pg->rank,
                             pg->rank);
-    braid_coll c = {.kind = BRAID_COLL_ALLGATHER, .send = send, .recv = recv, .count = sendcount, .dtype = dtype,
-                    .op = BRAID_SUM, .root = -1};
+    braid_coll c = {.kind = BRAID_COLL_ALLGATHER,
+                    .send = send,
+                    .recv = recv,
+                    .count = sendcount,
+                    .dtype = dtype,
+                    .op = BRAID_SUM,
+                    .root = -1};
     return braid__work_submit(pg, &c, work);
 }
 
@@ -95,8 +105,13 @@ BRAID_API braid_status braid_reduce_scatter(braid_pg *pg, const void *send, void
         return braid__error(BRAID_ERR_INVALID_ARG,
                             "rank %d: reduce_scatter: recv overlaps send without being its block %d (in place)",
                             pg->rank, pg->rank);
-    braid_coll c = {.kind = BRAID_COLL_REDUCE_SCATTER, .send = send, .recv = recv, .count = recvcount,
-                    .dtype = dtype, .op = op, .root = -1};
+    braid_coll c = {.kind = BRAID_COLL_REDUCE_SCATTER,
+                    .send = send,
+                    .recv = recv,
+                    .count = recvcount,
+                    .dtype = dtype,
+                    .op = op,
+                    .root = -1};
     return braid__work_submit(pg, &c, work);
 }
 
@@ -121,16 +136,26 @@ BRAID_API braid_status braid_send(braid_pg *pg, const void *buf, size_t count, b
                                   void *cuda_stream, braid_work **work)
 {
     BRAID_CHECK(check_p2p(pg, "send", buf, count, dtype, peer, cuda_stream));
-    braid_coll c = {.kind = BRAID_COLL_SEND, .send = buf, .count = count, .dtype = dtype, .op = BRAID_SUM,
-                    .root = -1, .peer = peer};
+    braid_coll c = {.kind = BRAID_COLL_SEND,
+                    .send = buf,
+                    .count = count,
+                    .dtype = dtype,
+                    .op = BRAID_SUM,
+                    .root = -1,
+                    .peer = peer};
     return braid__work_submit(pg, &c, work);
 }
 
-BRAID_API braid_status braid_recv(braid_pg *pg, void *buf, size_t count, braid_dtype dtype, int peer,
-                                  void *cuda_stream, braid_work **work)
+BRAID_API braid_status braid_recv(braid_pg *pg, void *buf, size_t count, braid_dtype dtype, int peer, void *cuda_stream,
+                                  braid_work **work)
 {
     BRAID_CHECK(check_p2p(pg, "recv", buf, count, dtype, peer, cuda_stream));
-    braid_coll c = {.kind = BRAID_COLL_RECV, .recv = buf, .count = count, .dtype = dtype, .op = BRAID_SUM,
-                    .root = -1, .peer = peer};
+    braid_coll c = {.kind = BRAID_COLL_RECV,
+                    .recv = buf,
+                    .count = count,
+                    .dtype = dtype,
+                    .op = BRAID_SUM,
+                    .root = -1,
+                    .peer = peer};
     return braid__work_submit(pg, &c, work);
 }

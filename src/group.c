@@ -14,12 +14,13 @@
 #include <stdlib.h>
 
 #include "algo/algo.h"
+#include "hmem.h"
 #include "pg.h"
 #include "status.h"
 
 struct braid_group {
-    int depth;          /* nesting: only the outermost end submits */
-    pthread_t owner;    /* the opening thread, while depth > 0 */
+    int depth;       /* nesting: only the outermost end submits */
+    pthread_t owner; /* the opening thread, while depth > 0 */
     braid_coll *ops;
     int nops, cap;
 };
@@ -150,6 +151,7 @@ uint64_t braid__coll_seqs(const braid_coll *coll)
 
 void braid__coll_release(braid_coll *coll)
 {
+    braid__hmem_coll_release(coll); /* device staging job: lets the caller's stream go on */
     if (coll->kind == BRAID_COLL_GROUP) {
         free(coll->ops);
         coll->ops = NULL;

@@ -8,7 +8,11 @@ const braid_param_info braid__params[] = {
     {"BRAID_DEBUG", "WARN", "log level: NONE, WARN, INFO, TRACE"},
     {"BRAID_DEBUG_FILE", NULL, "log to this file instead of stderr (%h host, %p pid)"},
     {"BRAID_TIMEOUT_MS", "300000", "limit of every blocking wait, in milliseconds"},
-    {"BRAID_TRANSPORT", NULL, "comma-separated transports to allow, in order of preference"},
+    {"BRAID_TRANSPORT", NULL, "comma-separated transports to allow, in order of preference; shm beside "
+                              "others serves same-host peers (unset: shm for them, verbs or tcp for the rest)"},
+    {"BRAID_SHM_CMA", "1", "shm: 1 reads large messages straight from the sender (process_vm_readv), 0 copies "
+                           "them through the ring"},
+    {"BRAID_HOST_ID", NULL, "ranks with equal values share memory (default: host name, boot id, network namespace)"},
     {"BRAID_SOCKET_IFNAME", NULL, "network interface for TCP (default: the route to rank 0)"},
     {"BRAID_NSOCKS", "2", "TCP sockets per peer connection"},
     {"BRAID_CHUNK_BYTES", "524288", "pipeline chunk size of the ring algorithms"},

@@ -16,6 +16,7 @@
 #include "pg.h"
 #include "status.h"
 #include "transport.h"
+#include "hmem.h"
 
 #define DEFAULT_TIMEOUT_MS 300000
 #define DEFAULT_NSOCKS 2
@@ -91,9 +92,11 @@ static braid_pg *pg_alloc(int rank, int size)
     pg->wake_fd = -1;
     pg->conns = calloc((size_t)size, sizeof(*pg->conns));
     pg->peer_addr = calloc((size_t)size, sizeof(*pg->peer_addr));
-    if (!pg->conns || !pg->peer_addr) {
+    pg->local_addr = calloc((size_t)size, sizeof(*pg->local_addr));
+    if (!pg->conns || !pg->peer_addr || !pg->local_addr) {
         free(pg->conns);
         free(pg->peer_addr);
+        free(pg->local_addr);
         free(pg);
         return NULL;
     }
@@ -107,10 +110,13 @@ static braid_pg *pg_alloc(int rank, int size)
 static void pg_release(braid_pg *pg)
 {
     braid__work_stop_thread(pg);
+    braid__hmem_pg_release(pg);
     braid__group_release(pg);
     for (int i = 0; i < pg->size; i++)
         if (pg->conns[i])
             pg->conns[i]->ops->close(pg->conns[i]);
+    if (pg->local_listener)
+        pg->local_listener->ops->close_listener(pg->local_listener);
     if (pg->listener)
         pg->listener->ops->close_listener(pg->listener);
     if (pg->store)
@@ -124,6 +130,7 @@ static void pg_release(braid_pg *pg)
     free(pg->scratch);
     free(pg->conns);
     free(pg->peer_addr);
+    free(pg->local_addr);
     free(pg);
 }
 
@@ -156,6 +163,60 @@ static braid_status exchange_addresses(braid_pg *pg)
         BRAID_CHECK(braid__store_get(pg->store, key, pg->peer_addr[i], BRAID_ADDR_MAX, &len, pg->timeout_ms));
         if (len == 0 || len > BRAID_ADDR_MAX || pg->peer_addr[i][len - 1] != '\0')
             return braid__error(BRAID_ERR_PEER, "rank %d: rank %d published a malformed address", pg->rank, i);
+    }
+    return BRAID_OK;
+}
+
+/* Where this process runs, as far as shared memory cares: host name, boot
+ * (a rebooted or cloned machine differs) and network namespace (abstract
+ * Unix sockets are per namespace). */
+static void host_identity(char *buf, size_t cap)
+{
+    const char *forced = braid__param_str("BRAID_HOST_ID");
+    if (forced) {
+        snprintf(buf, cap, "id:%s", forced);
+        return;
+    }
+    char host[256] = "", boot[64] = "", netns[64] = "";
+    if (gethostname(host, sizeof(host) - 1) != 0)
+        host[0] = '\0';
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(boot, sizeof(boot), f))
+            boot[0] = '\0';
+        fclose(f);
+        boot[strcspn(boot, "\n")] = '\0';
+    }
+    ssize_t n = readlink("/proc/self/ns/net", netns, sizeof(netns) - 1);
+    netns[n > 0 ? n : 0] = '\0';
+    snprintf(buf, cap, "%s|%s|%s", host, boot, netns);
+}
+
+/* Publish this rank's host identity and same-host address ("" without a
+ * local transport); a pair uses the local transport when both ends
+ * published an address from one host, so both decide alike. */
+static braid_status exchange_local(braid_pg *pg)
+{
+    char key[64], me[512], other[512];
+    size_t len;
+    host_identity(me, sizeof(me));
+    snprintf(key, sizeof(key), "host/%d", pg->rank);
+    BRAID_CHECK(braid__store_set(pg->store, key, me, strlen(me) + 1));
+    snprintf(key, sizeof(key), "laddr/%d", pg->rank);
+    BRAID_CHECK(braid__store_set(pg->store, key, pg->local_addr[pg->rank], strlen(pg->local_addr[pg->rank]) + 1));
+    for (int i = 0; i < pg->size; i++) {
+        if (i == pg->rank)
+            continue;
+        snprintf(key, sizeof(key), "host/%d", i);
+        BRAID_CHECK(braid__store_get(pg->store, key, other, sizeof(other), &len, pg->timeout_ms));
+        if (len == 0 || len > sizeof(other) || other[len - 1] != '\0')
+            return braid__error(BRAID_ERR_PEER, "rank %d: rank %d published a malformed host identity", pg->rank, i);
+        snprintf(key, sizeof(key), "laddr/%d", i);
+        BRAID_CHECK(braid__store_get(pg->store, key, pg->local_addr[i], BRAID_ADDR_MAX, &len, pg->timeout_ms));
+        if (len == 0 || len > BRAID_ADDR_MAX || pg->local_addr[i][len - 1] != '\0')
+            return braid__error(BRAID_ERR_PEER, "rank %d: rank %d published a malformed address", pg->rank, i);
+        if (!pg->local_transport || strcmp(me, other) != 0)
+            pg->local_addr[i][0] = '\0';
     }
     return BRAID_OK;
 }
@@ -212,7 +273,16 @@ static braid_status pg_join(braid_pg *pg, const braid_rendezvous *rv, const brai
                            : braid__param_str("BRAID_TRANSPORT");
     BRAID_CHECK(braid__transport_select(want, pg->rank, &pg->transport));
     BRAID_CHECK(pg->transport->listen(&pg->ctx, &pg->listener, pg->peer_addr[pg->rank]));
+    pg->local_transport = pg->size > 1 ? braid__transport_select_local(want, pg->rank) : NULL;
+    if (pg->local_transport &&
+        pg->local_transport->listen(&pg->ctx, &pg->local_listener, pg->local_addr[pg->rank]) != BRAID_OK) {
+        BRAID_INFO("rank %d: no %s for same-host peers: %s", pg->rank, pg->local_transport->name, braid_last_error());
+        pg->local_transport = NULL;
+        pg->local_listener = NULL;
+        pg->local_addr[pg->rank][0] = '\0';
+    }
     BRAID_CHECK(exchange_addresses(pg));
+    BRAID_CHECK(exchange_local(pg));
     BRAID_CHECK(store_barrier(pg, "init"));
 
     /* Connect every peer now (ring neighbours first) for groups up to
@@ -232,9 +302,13 @@ static braid_status pg_join(braid_pg *pg, const braid_rendezvous *rv, const brai
             BRAID_CHECK(braid__pg_conn(pg, p, &c));
     }
     BRAID_CHECK(braid__work_start_thread(pg));
-    BRAID_INFO("rank %d of %d joined via %s:%d, transport %s, listening on %s, %d sockets/peer, chunk %zu",
+    int nlocal = 0;
+    for (int p = 0; p < pg->size; p++)
+        nlocal += p != pg->rank && pg->local_addr[p][0] != '\0';
+    BRAID_INFO("rank %d of %d joined via %s:%d, transport %s, listening on %s, %d sockets/peer, chunk %zu, "
+               "%s for %d same-host peers",
                pg->rank, pg->size, rv->host, rv->port, pg->transport->name, pg->peer_addr[pg->rank],
-               pg->ctx.nsocks, pg->chunk_bytes);
+               pg->ctx.nsocks, pg->chunk_bytes, pg->local_transport ? pg->local_transport->name : "none", nlocal);
     return BRAID_OK;
 }
 
@@ -328,10 +402,13 @@ braid_status braid__pg_conn(braid_pg *pg, int peer, braid_conn **conn)
     /* The lower rank dials; the higher one takes it from its listener,
      * whose accept thread has already authenticated it. */
     braid_conn *c;
+    int local = pg->local_addr[peer][0] != '\0';
+    const braid_transport_ops *t = local ? pg->local_transport : pg->transport;
+    braid_listener *l = local ? pg->local_listener : pg->listener;
     if (pg->rank < peer)
-        BRAID_CHECK(pg->transport->connect(&pg->ctx, peer, pg->peer_addr[peer], pg->timeout_ms, &c));
+        BRAID_CHECK(t->connect(&pg->ctx, peer, local ? pg->local_addr[peer] : pg->peer_addr[peer], pg->timeout_ms, &c));
     else
-        BRAID_CHECK(pg->listener->ops->accept(pg->listener, peer, pg->timeout_ms, &c));
+        BRAID_CHECK(l->ops->accept(l, peer, pg->timeout_ms, &c));
     pg->conns[peer] = c;
     *conn = c;
     return BRAID_OK;
@@ -406,11 +483,9 @@ BRAID_API braid_status braid_allreduce(braid_pg *pg, const void *send, void *rec
         (const char *)send < (const char *)recv + bytes && (const char *)recv < (const char *)send + bytes)
         return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: allreduce: send and recv overlap without being equal",
                             pg->rank);
-    if (cuda_stream)
-        return braid__error(BRAID_ERR_UNSUPPORTED, "rank %d: allreduce: CUDA streams need a CUDA build", pg->rank);
     braid_coll c = {.kind = BRAID_COLL_ALLREDUCE, .send = send, .recv = recv, .count = count, .dtype = dtype,
                     .op = op, .root = -1};
-    return braid__work_submit(pg, &c, work);
+    return braid__hmem_submit(pg, &c, cuda_stream, work); /* host memory: braid__work_submit */
 }
 
 BRAID_API braid_status braid_broadcast(braid_pg *pg, void *buf, size_t count, braid_dtype dtype, int root,
@@ -420,9 +495,7 @@ BRAID_API braid_status braid_broadcast(braid_pg *pg, void *buf, size_t count, br
     if (root < 0 || root >= pg->size)
         return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: broadcast: root %d out of range [0, %d)", pg->rank, root,
                             pg->size);
-    if (cuda_stream)
-        return braid__error(BRAID_ERR_UNSUPPORTED, "rank %d: broadcast: CUDA streams need a CUDA build", pg->rank);
     braid_coll c = {.kind = BRAID_COLL_BROADCAST, .send = buf, .recv = buf, .count = count, .dtype = dtype,
                     .op = BRAID_SUM, .root = root};
-    return braid__work_submit(pg, &c, work);
+    return braid__hmem_submit(pg, &c, cuda_stream, work); /* host memory: braid__work_submit */
 }

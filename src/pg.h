@@ -35,6 +35,7 @@ typedef struct braid_coll {
     int peer;          /* SEND/RECV: the other rank */
     struct braid_coll *ops; /* GROUP: the recorded calls; the job owns them */
     int nops;
+    struct braid_hmem_job *hmem; /* device buffers: staging job (src/hmem.h); the job owns it */
 } braid_coll;
 
 struct braid_work {
@@ -61,6 +62,12 @@ struct braid_pg {
     const braid_transport_ops *transport;
     braid_listener *listener;
     char (*peer_addr)[BRAID_ADDR_MAX];
+    /* Same-host peers: a second transport (shm) beside `transport`.
+     * local_addr[p] is peer p's address on it, "" where the pair does not
+     * share a host (then `transport` serves it); NULL transport: none. */
+    const braid_transport_ops *local_transport;
+    braid_listener *local_listener;
+    char (*local_addr)[BRAID_ADDR_MAX];
     braid_conn **conns;         /* [size]; NULL until first use */
 
     /* Failure state: sticky first error, abort flag and a wake-up fd that
@@ -89,6 +96,10 @@ struct braid_pg {
      * counters (algo/p2p.c, executor only); both made on first use. */
     struct braid_group *group;
     uint64_t *p2p_seq;          /* [2 * size]: sends to, receives from each peer */
+
+    /* CUDA staging (src/hmem.h): pinned buffers and streams, made by the
+     * first call on device memory. */
+    struct braid_hmem *hmem;
 };
 
 /* Connection to peer, connecting or accepting on first use. */

@@ -2,9 +2,9 @@
 # Tests for braid-bench and scripts/netns-bench.
 #
 # usage: test_bench.sh BRAID-BENCH [local|netns NETNS-BENCH]
-#   local  (default) forked local ranks: every dtype and op verified at 2 and
-#          4 ranks, broadcast, nccl-tests table format, csv append, plot,
-#          usage errors
+#   local  (default) forked local ranks: every dtype and op verified at 2, 3
+#          and 4 ranks (and with each algorithm), broadcast, the nccl-tests
+#          table format, csv append, plot, usage errors
 #   netns  two ranks in network namespaces over a shaped link; exits 77
 #          (skipped) where network namespaces cannot be created
 set -uo pipefail
@@ -68,7 +68,7 @@ run() {
 local_tests() {
   local sizes=(-b 8 -e 64K -f 8) # 8 64 512 4096 32768: odd counts for wide types, several chunks
   local nsizes=5
-  for n in 2 4; do
+  for n in 2 3 4; do
     # Every dtype x op, verified. 8 dtypes x 5 ops x 5 sizes.
     run "ar$n" allreduce -N "$n" "${sizes[@]}" -n 2 -w 1 -c 1 -d all -o all &&
       check_table "$tmp/ar$n.out" $((8 * 5 * nsizes)) 1 "allreduce -N $n -d all -o all"
@@ -162,9 +162,8 @@ netns_tests() {
     echo "SKIP: 'ip netns add' is not permitted here: $(cat "$tmp/probe.err")"; exit 77
   fi
   ip netns del "$probe"
-  local before after
-  before=$(ip netns list | grep -c '^braid-nb-')
-  timeout 300 "$nb" -n 2 --rate 1gbit --delay 0.1ms --bench "$bench" -- \
+  local tag=braid-nb-t$$
+  timeout 300 "$nb" -n 2 --rate 1gbit --delay 0.1ms --tag "$tag" --bench "$bench" -- \
     allreduce -b 1M -e 1M -n 3 -w 1 -c 1 >"$tmp/nb.out" 2>"$tmp/nb.err"
   local rc=$?
   if [ $rc != 0 ]; then
@@ -178,8 +177,23 @@ netns_tests() {
     awk '!/^#/ && NF == 13 && $8 > 0.14 { bad = 1 } END { exit bad }' "$tmp/nb.out" ||
       fail "busbw above the 1gbit link rate: shaping not applied"
   fi
-  after=$(ip netns list | grep -c '^braid-nb-')
-  [ "$after" -le "$before" ] || fail "netns-bench left namespaces behind: $(ip netns list | grep braid-nb-)"
+  local left
+  left=$(ip netns list | awk -v t="$tag-" 'index($1, t) == 1 { print $1 }')
+  [ -z "$left" ] || fail "netns-bench left namespaces behind: $left"
+
+  # Stopped mid-run (SIGTERM), it must still remove every namespace.
+  local ktag=braid-nb-k$$ pid i
+  "$nb" -n 2 --rate 1gbit --tag "$ktag" --bench "$bench" -- allreduce -b 64M -e 64M -n 100 -w 0 -c 0 \
+    >"$tmp/nbk.out" 2>&1 &
+  pid=$!
+  for ((i = 0; i < 100; i++)); do
+    grep -q '^#  Rank  1' "$tmp/nbk.out" && break
+    sleep 0.1
+  done
+  kill -TERM "$pid"
+  wait "$pid" 2>/dev/null
+  left=$(ip netns list | awk -v t="$ktag-" 'index($1, t) == 1 { print $1 }')
+  [ -z "$left" ] || fail "netns-bench stopped by SIGTERM left namespaces behind: $left"
   ok
 }
 

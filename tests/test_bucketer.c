@@ -164,8 +164,8 @@ static int check_layout(braid_bucketer *b, int rank, const want_bucket *want, in
                          info.dtype, want[k].nparams, want[k].dtype);
         for (int i = 0; i < info.nparams; i++)
             if (info.param_ids[i] != want[k].ids[i] || info.offsets[i] != want[k].offsets[i])
-                HARNESS_FAIL("rank %d: bucket %d slot %d holds param %d at offset %zu, want param %d at %zu", rank,
-                             k, i, info.param_ids[i], info.offsets[i], want[k].ids[i], want[k].offsets[i]);
+                HARNESS_FAIL("rank %d: bucket %d slot %d holds param %d at offset %zu, want param %d at %zu", rank, k,
+                             i, info.param_ids[i], info.offsets[i], want[k].ids[i], want[k].offsets[i]);
     }
     return 0;
 }
@@ -176,7 +176,7 @@ static int layout_caps_body(braid_pg *pg, void *arg)
 {
     (void)arg;
     int rank = braid_pg_rank(pg);
-    static const pspec spec[] = {{BRAID_F32, 100}, {BRAID_F32, 50},  {BRAID_F32, 300},
+    static const pspec spec[] = {{BRAID_F32, 100},  {BRAID_F32, 50},  {BRAID_F32, 300},
                                  {BRAID_F32, 2000}, {BRAID_F32, 100}, {BRAID_F32, 150}};
     model m;
     if (model_create(pg, &m, spec, 6, 4000, 1000))
@@ -219,7 +219,7 @@ static int layout_dtypes_body(braid_pg *pg, void *arg)
      * bucket, which 1 joins (1600 B); 2 and 0 (f32, 400 B each) share the
      * second f32 bucket. */
     static const want_bucket want[] = {
-        {1, {6}, {0}, BRAID_F64},       {1, {5}, {0}, BRAID_F32},       {1, {4}, {0}, BRAID_I32},
+        {1, {6}, {0}, BRAID_F64},         {1, {5}, {0}, BRAID_F32},         {1, {4}, {0}, BRAID_I32},
         {2, {3, 1}, {0, 100}, BRAID_F64}, {2, {2, 0}, {0, 100}, BRAID_F32},
     };
     int rc = check_layout(m.b, rank, want, 5);
@@ -247,8 +247,8 @@ static int layout_defaults_body(braid_pg *pg, void *arg)
         HARNESS_FAIL("rank %d: %d buckets with default caps, want 2", rank, braid_bucketer_bucket_count(m.b));
     if (a.nparams != 2 || a.param_ids[0] != 9 || a.param_ids[1] != 8 || c.nparams != 8 || c.param_ids[0] != 7 ||
         c.param_ids[7] != 0)
-        HARNESS_FAIL("rank %d: default-cap buckets hold %d and %d params, want 2 (9, 8) and 8 (7..0)", rank,
-                     a.nparams, c.nparams);
+        HARNESS_FAIL("rank %d: default-cap buckets hold %d and %d params, want 2 (9, 8) and 8 (7..0)", rank, a.nparams,
+                     c.nparams);
     model_destroy(&m);
     return 0;
 }
@@ -268,7 +268,8 @@ static int layout_random_body(braid_pg *pg, void *arg)
     pspec spec[P];
     for (int p = 0; p < P; p++) {
         spec[p].dtype = dts[harness_value(0, (size_t)p, 5, 0, 5)];
-        spec[p].count = (size_t)harness_value(0, (size_t)p, 6, 1, harness_value(0, (size_t)p, 7, 0, 9) == 0 ? 9000 : 600);
+        spec[p].count =
+            (size_t)harness_value(0, (size_t)p, 6, 1, harness_value(0, (size_t)p, 7, 0, 9) == 0 ? 9000 : 600);
     }
     model m;
     if (model_create(pg, &m, spec, P, cap, first_cap))
@@ -335,8 +336,7 @@ static int layout_random_body(braid_pg *pg, void *arg)
             int last_prev = prev.param_ids[prev.nparams - 1];
             for (int id = last_prev - 1; id > info.param_ids[0]; id--)
                 if (spec[id].dtype == info.dtype)
-                    HARNESS_FAIL("rank %d: param %d skipped between buckets %d and %d", rank, id, last_of_dtype[d],
-                                 k);
+                    HARNESS_FAIL("rank %d: param %d skipped between buckets %d and %d", rank, id, last_of_dtype[d], k);
         }
         last_of_dtype[d] = k;
     }
@@ -460,8 +460,8 @@ static int compression_body(braid_pg *pg, void *varg)
                         sum += (int64_t)grad_value(r, p, i, seed);
                     double want = (double)sum / n, got = ((double *)m.grads[p])[i];
                     if (got != want)
-                        HARNESS_FAIL("rank %d: f64 param %d element %zu is %.17g, want exactly %.17g", rank, p, i,
-                                     got, want);
+                        HARNESS_FAIL("rank %d: f64 param %d element %zu is %.17g, want exactly %.17g", rank, p, i, got,
+                                     want);
                     continue;
                 }
                 double mean = 0;
@@ -474,7 +474,8 @@ static int compression_body(braid_pg *pg, void *varg)
                     max_err = err;
                 if (err > tol)
                     HARNESS_FAIL("rank %d of %d: wire dtype %d param %d element %zu is %.8g, mean %.8g: error %.3g "
-                                 "> bound %.3g", rank, n, arg->wire, p, i, got, mean, err, tol);
+                                 "> bound %.3g",
+                                 rank, n, arg->wire, p, i, got, mean, err, tol);
                 /* The value came back through the wire type: it must be
                  * exactly representable there. */
                 uint16_t h;
@@ -542,8 +543,8 @@ static int unmarked_body(braid_pg *pg, void *arg)
     braid_status st = braid_bucketer_finish(m.b);
     const char *e = braid_last_error();
     if (st != BRAID_ERR_INVALID_ARG || !contains(e, "2, 11") || !contains(e, "2 of 15"))
-        HARNESS_FAIL("rank %d: finish with params 2 and 11 unmarked gave %s '%s', want INVALID_ARG naming them",
-                     rank, braid_status_string(st), e);
+        HARNESS_FAIL("rank %d: finish with params 2 and 11 unmarked gave %s '%s', want INVALID_ARG naming them", rank,
+                     braid_status_string(st), e);
     for (int step = 1; step < 3; step++) {
         fill_grads(&m, mixed_model, rank, 3u + (uint32_t)step);
         for (int p = MIXED_N - 1; p >= 0; p--)
@@ -636,6 +637,12 @@ static int mismatch_body(braid_pg *pg, void *arg)
     if (st != BRAID_ERR_MISMATCH || !contains(braid_last_error(), "different buckets"))
         HARNESS_FAIL("rank %d: ready with a different model on rank 1 gave %s '%s', want BRAID_ERR_MISMATCH", rank,
                      braid_status_string(st), braid_last_error());
+    /* The failure sticks: later calls report it without another (lonely,
+     * hanging) cross-rank check. */
+    if (braid_bucketer_ready(m.b, 1) != BRAID_ERR_MISMATCH || braid_bucketer_finish(m.b) != BRAID_ERR_MISMATCH ||
+        !contains(braid_last_error(), "different buckets"))
+        HARNESS_FAIL("rank %d: calls after a layout mismatch gave '%s', want the same BRAID_ERR_MISMATCH", rank,
+                     braid_last_error());
     model_destroy(&m);
     return 0;
 }
@@ -687,8 +694,8 @@ static int aborted_body(braid_pg *pg, void *arg)
         (void)braid_bucketer_ready(m.b, p); /* may fail at launch: finish reports it */
     braid_status st = braid_bucketer_finish(m.b);
     if (st != BRAID_ERR_ABORTED || !contains(braid_last_error(), "bucket"))
-        HARNESS_FAIL("rank %d: finish on an aborted group gave %s '%s', want BRAID_ERR_ABORTED naming the bucket",
-                     rank, braid_status_string(st), braid_last_error());
+        HARNESS_FAIL("rank %d: finish on an aborted group gave %s '%s', want BRAID_ERR_ABORTED naming the bucket", rank,
+                     braid_status_string(st), braid_last_error());
     model_destroy(&m);
     return 0;
 }

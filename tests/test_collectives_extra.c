@@ -40,10 +40,14 @@ static double input(int rank, size_t i, uint32_t seed, braid_dtype t, braid_op o
 static double wrap(braid_dtype t, int64_t v)
 {
     switch (t) {
-    case BRAID_I8: return (int8_t)(uint8_t)v;
-    case BRAID_U8: return (uint8_t)v;
-    case BRAID_I32: return (int32_t)(uint32_t)v;
-    default: return (double)v;
+    case BRAID_I8:
+        return (int8_t)(uint8_t)v;
+    case BRAID_U8:
+        return (uint8_t)v;
+    case BRAID_I32:
+        return (int32_t)(uint32_t)v;
+    default:
+        return (double)v;
     }
 }
 
@@ -57,16 +61,25 @@ static void expected(braid_dtype t, braid_op op, int n, size_t i, uint32_t seed,
         negatives += v < 0;
         switch (op) {
         case BRAID_SUM:
-        case BRAID_AVG: acc += v; break;
-        case BRAID_PROD: acc = (int64_t)wrap(is_float(t) ? BRAID_I64 : t, acc * v); break;
-        case BRAID_MIN: acc = v < acc ? v : acc; break;
-        case BRAID_MAX: acc = v > acc ? v : acc; break;
-        default: abort();
+        case BRAID_AVG:
+            acc += v;
+            break;
+        case BRAID_PROD:
+            acc = (int64_t)wrap(is_float(t) ? BRAID_I64 : t, acc * v);
+            break;
+        case BRAID_MIN:
+            acc = v < acc ? v : acc;
+            break;
+        case BRAID_MAX:
+            acc = v > acc ? v : acc;
+            break;
+        default:
+            abort();
         }
     }
     double result;
     if (op == BRAID_AVG)
-        result = !is_float(t) ? (double)((int64_t)wrap(t, acc) / n)
+        result = !is_float(t)     ? (double)((int64_t)wrap(t, acc) / n)
                  : t == BRAID_F64 ? (double)acc / n
                                   : (double)((float)acc / (float)n);
     else if (is_float(t) && op == BRAID_PROD && acc == 0 && negatives % 2)
@@ -88,8 +101,7 @@ static void *alloc_or_die(size_t bytes)
 
 /* ---- one case per collective ----------------------------------------- */
 
-static int check_reduce(braid_pg *pg, braid_dtype t, braid_op op, size_t count, int root, int in_place,
-                        uint32_t seed)
+static int check_reduce(braid_pg *pg, braid_dtype t, braid_op op, size_t count, int root, int in_place, uint32_t seed)
 {
     int rank = braid_pg_rank(pg), n = braid_pg_size(pg);
     size_t es = braid_dtype_size(t);
@@ -122,8 +134,7 @@ static int check_reduce(braid_pg *pg, braid_dtype t, braid_op op, size_t count, 
     return 0;
 }
 
-static int check_reduce_scatter(braid_pg *pg, braid_dtype t, braid_op op, size_t count, int in_place,
-                                uint32_t seed)
+static int check_reduce_scatter(braid_pg *pg, braid_dtype t, braid_op op, size_t count, int in_place, uint32_t seed)
 {
     int rank = braid_pg_rank(pg), n = braid_pg_size(pg);
     size_t es = braid_dtype_size(t), total = count * (size_t)n;
@@ -457,8 +468,8 @@ static int usage_errors_body(braid_pg *pg, void *arg)
     braid_work *w = NULL;
     if (expect_invalid(braid_reduce(pg, buf, buf, 4, BRAID_I32, BRAID_SUM, n, NULL, NULL), rank, "reduce root n",
                        "root") ||
-        expect_invalid(braid_reduce(pg, buf, buf, 4, (braid_dtype)99, BRAID_SUM, 0, NULL, NULL), rank,
-                       "reduce dtype", "dtype") ||
+        expect_invalid(braid_reduce(pg, buf, buf, 4, (braid_dtype)99, BRAID_SUM, 0, NULL, NULL), rank, "reduce dtype",
+                       "dtype") ||
         expect_invalid(braid_reduce_scatter(pg, big, big + 1, 4, BRAID_I32, BRAID_SUM, NULL, NULL), rank,
                        "reduce_scatter overlap", "overlap") ||
         expect_invalid(braid_allgather(pg, big + 3, big, 4, BRAID_I32, NULL, NULL), rank, "allgather overlap",
@@ -470,8 +481,8 @@ static int usage_errors_body(braid_pg *pg, void *arg)
         return 1;
     if (braid_group_start(pg) != BRAID_OK)
         HARNESS_FAIL("rank %d: group_start: %s", rank, braid_last_error());
-    if (expect_invalid(braid_allreduce(pg, buf, buf, 4, BRAID_I32, BRAID_SUM, NULL, &w), rank,
-                       "handle inside a group", "work = NULL"))
+    if (expect_invalid(braid_allreduce(pg, buf, buf, 4, BRAID_I32, BRAID_SUM, NULL, &w), rank, "handle inside a group",
+                       "work = NULL"))
         return 1;
     if (braid_send(pg, buf, 4, BRAID_I32, rank, NULL, NULL) != BRAID_OK)
         HARNESS_FAIL("rank %d: recording a send to self: %s", rank, braid_last_error());

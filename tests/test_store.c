@@ -116,14 +116,14 @@ START_TEST(req_decode_ranges)
         braid_store_req r;
         braid_status want;
     } cases[] = {
-        {{BRAID_STORE_SET, 0, 1, 0}, BRAID_ERR_PEER},                          /* empty key */
+        {{BRAID_STORE_SET, 0, 1, 0}, BRAID_ERR_PEER}, /* empty key */
         {{BRAID_STORE_SET, BRAID_STORE_KEY_MAX, 0, 0}, BRAID_OK},
         {{BRAID_STORE_SET, BRAID_STORE_KEY_MAX + 1, 0, 0}, BRAID_ERR_PEER},
         {{BRAID_STORE_SET, 1, BRAID_STORE_VALUE_MAX, 0}, BRAID_OK},
         {{BRAID_STORE_SET, 1, BRAID_STORE_VALUE_MAX + 1, 0}, BRAID_ERR_PEER},
         {{BRAID_STORE_SET, 1, UINT32_MAX, 0}, BRAID_ERR_PEER},
         {{BRAID_STORE_GET, 1, 0, 100}, BRAID_OK},
-        {{BRAID_STORE_GET, 1, 1, 100}, BRAID_ERR_PEER},                        /* GET with a value */
+        {{BRAID_STORE_GET, 1, 1, 100}, BRAID_ERR_PEER}, /* GET with a value */
         {{BRAID_STORE_ADD, 1, 8, 0}, BRAID_OK},
         {{BRAID_STORE_ADD, 1, 7, 0}, BRAID_ERR_PEER},
         {{0, 1, 0, 0}, BRAID_ERR_PEER},
@@ -174,9 +174,9 @@ START_TEST(addresses)
     ck_assert_int_eq(braid__sock_addr_host(&a, ip, sizeof(ip)), BRAID_OK);
     ck_assert_str_eq(ip, "::1");
     ck_assert_int_eq(braid__sock_addr_parse("[fd00::2]:65535", &a), BRAID_OK);
-    static const char *const bad[] = {"", ":80", "127.0.0.1", "127.0.0.1:", "127.0.0.1:65536", "127.0.0.1:-1",
-                                      "127.0.0.1:8x", "::1:80", "[::1]", "[::1:80", "localhost:80", "[]:80",
-                                      "1.2.3.4.5:80"};
+    static const char *const bad[] = {
+        "",       ":80",   "127.0.0.1", "127.0.0.1:",   "127.0.0.1:65536", "127.0.0.1:-1", "127.0.0.1:8x",
+        "::1:80", "[::1]", "[::1:80",   "localhost:80", "[]:80",           "1.2.3.4.5:80"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
         ck_assert_msg(braid__sock_addr_parse(bad[i], &a) == BRAID_ERR_INVALID_ARG, "'%s' accepted", bad[i]);
     ck_assert_int_eq(braid__sock_resolve("localhost", 1, &a), BRAID_OK);
@@ -268,6 +268,26 @@ START_TEST(set_get_add)
     ck_assert_str_eq(ip, "127.0.0.1");
     braid__store_close(c);
     braid__store_server_stop(s.server);
+}
+END_TEST
+
+START_TEST(ipv6_store)
+{
+    int fd, port;
+    if (braid__sock_listen("::1", 0, &fd, &port) != BRAID_OK)
+        return; /* no IPv6 on this host */
+    braid_store_server *srv;
+    ck_assert_int_eq(braid__store_server_start(fd, secret, &srv), BRAID_OK);
+    braid_store *c;
+    ck_assert_int_eq(braid__store_connect("::1", port, secret, 0, 2000, &c), BRAID_OK);
+    ck_assert_int_eq(braid__store_set(c, "k", "v6", 2), BRAID_OK);
+    char ip[64];
+    ck_assert_int_eq(braid__store_local_ip(c, ip, sizeof(ip)), BRAID_OK);
+    ck_assert_str_eq(ip, "::1");
+    braid__store_close(c);
+    ck_assert_int_eq(braid__store_connect("[::1]", port, secret, 0, 2000, &c), BRAID_OK);
+    braid__store_close(c);
+    braid__store_server_stop(srv);
 }
 END_TEST
 
@@ -368,8 +388,8 @@ START_TEST(wrong_secret_rejected)
     ck_assert_int_ge(fd, 0);
     braid_hello self = {.role = BRAID_ROLE_TCP_CONNECT, .rank = 1, .target = 0}, peer;
     uint32_t result;
-    ck_assert_int_ne(braid__auth_initiate(fd, secret, &self, BRAID_ROLE_STORE_SERVER, braid__now_ms() + 2000,
-                                          "test", &peer, &result),
+    ck_assert_int_ne(braid__auth_initiate(fd, secret, &self, BRAID_ROLE_STORE_SERVER, braid__now_ms() + 2000, "test",
+                                          &peer, &result),
                      BRAID_OK);
     close(fd);
     /* The store still serves legitimate clients. */
@@ -436,8 +456,8 @@ START_TEST(malformed_request_dropped)
     ck_assert_int_ge(fd, 0);
     braid_hello self = {.role = BRAID_ROLE_STORE_CLIENT, .rank = 1, .target = 0}, peer;
     uint32_t result;
-    ck_assert_int_eq(braid__auth_initiate(fd, secret, &self, BRAID_ROLE_STORE_SERVER, braid__now_ms() + 2000,
-                                          "test", &peer, &result),
+    ck_assert_int_eq(braid__auth_initiate(fd, secret, &self, BRAID_ROLE_STORE_SERVER, braid__now_ms() + 2000, "test",
+                                          &peer, &result),
                      BRAID_OK);
     ck_assert_int_eq(result, BRAID_AUTH_ACCEPTED);
     uint8_t hdr[BRAID_STORE_REQ_BYTES] = {BRAID_STORE_SET, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 1};
@@ -526,6 +546,7 @@ static Suite *store_suite(void)
     tcase_set_timeout(srv, 30);
     tcase_add_test(srv, set_get_add);
     tcase_add_test(srv, get_timeout);
+    tcase_add_test(srv, ipv6_store);
     tcase_add_test(srv, many_clients);
     tcase_add_test(srv, wrong_secret_rejected);
     tcase_add_test(srv, strays_do_not_disturb);

@@ -186,8 +186,17 @@ START_TEST(chunk_sizes)
     braid_verbs_chunk_at(0, slot, 0, &off, &clen, &last);
     ck_assert_uint_eq(clen, 0);
     ck_assert_int_eq(last, 1);
-    const size_t sizes[] = {0, 1, slot - 1, slot, slot + 1, 3 * slot - 1, 3 * slot, 100 * slot + 7,
-                            (size_t)1 << 30, SIZE_MAX, SIZE_MAX - slot};
+    const size_t sizes[] = {0,
+                            1,
+                            slot - 1,
+                            slot,
+                            slot + 1,
+                            3 * slot - 1,
+                            3 * slot,
+                            100 * slot + 7,
+                            (size_t)1 << 30,
+                            SIZE_MAX,
+                            SIZE_MAX - slot};
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
         check_chunks(sizes[i], slot);
     check_chunks(12345, 1);
@@ -384,22 +393,53 @@ static void info_expect_reject(const braid_verbs_info *info, const char *needle)
 START_TEST(info_rejects)
 {
     braid_verbs_info i;
-    i = sample_info(); i.link_layer = 3; info_expect_reject(&i, "link layer");
-    i = sample_info(); i.mtu = 0; info_expect_reject(&i, "MTU");
-    i = sample_info(); i.mtu = 6; info_expect_reject(&i, "MTU");
-    i = sample_info(); i.qpn = 1; info_expect_reject(&i, "QP number");
-    i = sample_info(); i.qpn = 0x1000000; info_expect_reject(&i, "QP number");
-    i = sample_info(); i.psn = 0x1000000; info_expect_reject(&i, "PSN");
-    i = sample_info(); i.flags = 2; info_expect_reject(&i, "flags");
-    i = sample_info(); i.flags = 0; info_expect_reject(&i, "GID");
-    i = sample_info(); i.nslots = 0; info_expect_reject(&i, "slots");
-    i = sample_info(); i.nslots = BRAID_VERBS_MAX_SLOTS + 1; info_expect_reject(&i, "slots");
-    i = sample_info(); i.slot_bytes = 4095; info_expect_reject(&i, "-byte slots");
-    i = sample_info(); i.slot_bytes = BRAID_VERBS_MAX_SLOT_BYTES + 1; info_expect_reject(&i, "-byte slots");
-    i = sample_info(); i.ring_addr = 0; info_expect_reject(&i, "null ring");
-    i = sample_info(); i.rank = -1; info_expect_reject(&i, "negative rank");
+    i = sample_info();
+    i.link_layer = 3;
+    info_expect_reject(&i, "link layer");
+    i = sample_info();
+    i.mtu = 0;
+    info_expect_reject(&i, "MTU");
+    i = sample_info();
+    i.mtu = 6;
+    info_expect_reject(&i, "MTU");
+    i = sample_info();
+    i.qpn = 1;
+    info_expect_reject(&i, "QP number");
+    i = sample_info();
+    i.qpn = 0x1000000;
+    info_expect_reject(&i, "QP number");
+    i = sample_info();
+    i.psn = 0x1000000;
+    info_expect_reject(&i, "PSN");
+    i = sample_info();
+    i.flags = 2;
+    info_expect_reject(&i, "flags");
+    i = sample_info();
+    i.flags = 0;
+    info_expect_reject(&i, "GID");
+    i = sample_info();
+    i.nslots = 0;
+    info_expect_reject(&i, "slots");
+    i = sample_info();
+    i.nslots = BRAID_VERBS_MAX_SLOTS + 1;
+    info_expect_reject(&i, "slots");
+    i = sample_info();
+    i.slot_bytes = 4095;
+    info_expect_reject(&i, "-byte slots");
+    i = sample_info();
+    i.slot_bytes = BRAID_VERBS_MAX_SLOT_BYTES + 1;
+    info_expect_reject(&i, "-byte slots");
+    i = sample_info();
+    i.ring_addr = 0;
+    info_expect_reject(&i, "null ring");
+    i = sample_info();
+    i.rank = -1;
+    info_expect_reject(&i, "negative rank");
     /* An InfiniBand peer routes by LID and may omit the GID. */
-    i = sample_info(); i.link_layer = BRAID_VERBS_LINK_IB; i.flags = 0; i.lid = 7;
+    i = sample_info();
+    i.link_layer = BRAID_VERBS_LINK_IB;
+    i.flags = 0;
+    i.lid = 7;
     uint8_t buf[BRAID_VERBS_INFO_BYTES];
     braid_verbs_info out;
     braid_verbs_info_encode(&i, buf);
@@ -486,7 +526,18 @@ END_TEST
 
 START_TEST(hca_parse_rejects)
 {
-    const char *bad[] = {"", ",", "a,", ",a", ":1", "a:", "a:0", "a:256", "a:x", "a:1x", "a:-1", "a:99999999",
+    const char *bad[] = {"",
+                         ",",
+                         "a,",
+                         ",a",
+                         ":1",
+                         "a:",
+                         "a:0",
+                         "a:256",
+                         "a:x",
+                         "a:1x",
+                         "a:-1",
+                         "a:99999999",
                          "a234567890123456789012345678901234567890123456789012345678901234"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         braid_verbs_hca h[BRAID_VERBS_HCA_MAX];
@@ -529,12 +580,18 @@ START_TEST(gid_pick_order)
     braid_verbs_gid_type t[6];
     int present[6] = {1, 1, 1, 1, 1, 1};
     /* 0: v1 link-local, 1: v2 link-local, 2: v1 v4, 3: v2 v6, 4: v2 v4, 5: zero v2 */
-    set_gid(g[0], "ll", 1); t[0] = BRAID_VERBS_GID_ROCE_V1;
-    set_gid(g[1], "ll", 1); t[1] = BRAID_VERBS_GID_ROCE_V2;
-    set_gid(g[2], "v4", 2); t[2] = BRAID_VERBS_GID_ROCE_V1;
-    set_gid(g[3], "v6", 3); t[3] = BRAID_VERBS_GID_ROCE_V2;
-    set_gid(g[4], "v4", 4); t[4] = BRAID_VERBS_GID_ROCE_V2;
-    set_gid(g[5], "zero", 0); t[5] = BRAID_VERBS_GID_ROCE_V2;
+    set_gid(g[0], "ll", 1);
+    t[0] = BRAID_VERBS_GID_ROCE_V1;
+    set_gid(g[1], "ll", 1);
+    t[1] = BRAID_VERBS_GID_ROCE_V2;
+    set_gid(g[2], "v4", 2);
+    t[2] = BRAID_VERBS_GID_ROCE_V1;
+    set_gid(g[3], "v6", 3);
+    t[3] = BRAID_VERBS_GID_ROCE_V2;
+    set_gid(g[4], "v4", 4);
+    t[4] = BRAID_VERBS_GID_ROCE_V2;
+    set_gid(g[5], "zero", 0);
+    t[5] = BRAID_VERBS_GID_ROCE_V2;
     ck_assert_int_eq(braid_verbs_gid_pick((const uint8_t(*)[16])g, t, present, 6), 4);
     present[4] = 0; /* unreadable entry */
     ck_assert_int_eq(braid_verbs_gid_pick((const uint8_t(*)[16])g, t, present, 6), 3);
@@ -598,8 +655,12 @@ static void cache_init(braid_verbs_regcache *rc, size_t max_regions, size_t max_
 {
     fake = calloc(1, sizeof(*fake));
     ck_assert_ptr_nonnull(fake);
-    braid_verbs_regcache_cfg cfg = {.reg = fake_reg, .dereg = fake_dereg, .ctx = fake, .page_bytes = 4096,
-                                    .max_regions = max_regions, .max_bytes = max_bytes};
+    braid_verbs_regcache_cfg cfg = {.reg = fake_reg,
+                                    .dereg = fake_dereg,
+                                    .ctx = fake,
+                                    .page_bytes = 4096,
+                                    .max_regions = max_regions,
+                                    .max_bytes = max_bytes};
     ck_assert_int_eq(braid_verbs_regcache_init(rc, &cfg), 0);
 }
 
@@ -895,17 +956,17 @@ struct sim_side {
     uint8_t *ring, *stage;
     uint32_t slots, slot_bytes;
     uint32_t sq_depth, rq_depth;
-    uint32_t sq_used;        /* posted sends not yet completed */
-    int64_t rq_free;         /* posted receives not yet consumed */
-    sim_pkt wire[SIM_WIRE];  /* posted, not yet executed by the "hardware" */
+    uint32_t sq_used;       /* posted sends not yet completed */
+    int64_t rq_free;        /* posted receives not yet consumed */
+    sim_pkt wire[SIM_WIRE]; /* posted, not yet executed by the "hardware" */
     uint32_t w_first, w_count;
     sim_cqe cq[SIM_CQ];
     uint32_t c_first, c_count;
     uint64_t credit_msgs, data_chunks;
-    uint64_t chunks_landed;  /* data writes executed into this side's ring */
-    int zcopy;               /* offer zero copy for every send */
+    uint64_t chunks_landed; /* data writes executed into this side's ring */
+    int zcopy;              /* offer zero copy for every send */
     int tokens_out;
-    int post_fail;           /* next post returns this errno */
+    int post_fail; /* next post returns this errno */
 };
 
 static int sim_post(sim_side *s, const sim_pkt *p)
@@ -1047,12 +1108,22 @@ static void sim_connect(sim_side *a, sim_side *b, size_t zcopy_min)
         s->sq_depth = BRAID_VERBS_SQ_DEPTH(s->slots);
         s->rq_depth = BRAID_VERBS_RQ_DEPTH(s->slots, s->slots);
         s->rq_free = s->rq_depth;
-        braid_verbs_engine_cfg cfg = {.rank = i, .peer = 1 - i, .rx_ring = s->ring, .rx_slots = s->slots,
-                                      .rx_slot_bytes = s->slot_bytes, .tx_slots = p->slots,
-                                      .tx_slot_bytes = p->slot_bytes, .tx_window = window, .tx_stage = s->stage,
-                                      .tx_stage_lkey = 5, .zcopy_min = zcopy_min};
-        braid_verbs_io io = {.ctx = s, .write_imm = sim_write_imm, .send_imm = sim_send_imm,
-                             .zcopy_get = sim_zcopy_get, .zcopy_put = sim_zcopy_put};
+        braid_verbs_engine_cfg cfg = {.rank = i,
+                                      .peer = 1 - i,
+                                      .rx_ring = s->ring,
+                                      .rx_slots = s->slots,
+                                      .rx_slot_bytes = s->slot_bytes,
+                                      .tx_slots = p->slots,
+                                      .tx_slot_bytes = p->slot_bytes,
+                                      .tx_window = window,
+                                      .tx_stage = s->stage,
+                                      .tx_stage_lkey = 5,
+                                      .zcopy_min = zcopy_min};
+        braid_verbs_io io = {.ctx = s,
+                             .write_imm = sim_write_imm,
+                             .send_imm = sim_send_imm,
+                             .zcopy_get = sim_zcopy_get,
+                             .zcopy_put = sim_zcopy_put};
         ck_assert_int_eq(braid_verbs_engine_init(&s->e, &cfg, &io), BRAID_OK);
     }
 }
@@ -1149,8 +1220,7 @@ static void flow_step(flow *f)
             break;
         uint8_t *want = malloc(f->sizes[i] ? f->sizes[i] : 1);
         fill(want, f->sizes[i], f->seed + (uint64_t)i);
-        ck_assert_msg(memcmp(want, f->rbuf[i], f->sizes[i]) == 0, "message %d (%zu bytes) corrupted", i,
-                      f->sizes[i]);
+        ck_assert_msg(memcmp(want, f->rbuf[i], f->sizes[i]) == 0, "message %d (%zu bytes) corrupted", i, f->sizes[i]);
         free(want);
         ck_assert_uint_eq(f->rreq[i].moved, f->sizes[i]);
         f->recv_done++;
@@ -1405,6 +1475,27 @@ START_TEST(engine_error_completion)
     sim_free(&a);
     sim_free(&b);
 
+    /* After a goodbye, a zero-copy send whose completion is in the same
+     * batch as a failed credit has finished: no error. One still waiting
+     * can never finish: error. */
+    for (int waiting = 0; waiting < 2; waiting++) {
+        pair(&a, &b);
+        a.zcopy = 1;
+        a.e.cfg.zcopy_min = 1;
+        ck_assert_int_eq(braid_verbs_engine_isend(&a.e, &s, buf, sizeof(buf)), BRAID_OK);
+        ck_assert_int_eq(s.done, 0);
+        ck_assert_int_eq(braid_verbs_engine_on_recv(&a.e, braid_verbs_imm_close(), 0, 0), BRAID_OK);
+        if (!waiting)
+            ck_assert_int_eq(braid_verbs_engine_on_send(&a.e, BRAID_VERBS_WR_ID(BRAID_VERBS_WR_DATA, 0)), BRAID_OK);
+        braid_status st = braid_verbs_engine_on_error(&a.e, BRAID_VERBS_WR_ID(BRAID_VERBS_WR_CREDIT, 0), "flushed");
+        ck_assert_int_eq(st, waiting ? BRAID_ERR_PEER : BRAID_OK);
+        ck_assert_int_eq(s.done, !waiting);
+        a.w_count = 0; /* the fabric is gone */
+        a.sq_used = 0;
+        sim_free(&a);
+        sim_free(&b);
+    }
+
     /* A failing post is a system error naming the cause. */
     pair(&a, &b);
     a.post_fail = ENOMEM;
@@ -1459,8 +1550,15 @@ START_TEST(engine_bad_geometry)
     braid_verbs_engine e;
     uint8_t ring[4096], stage[4096];
     braid_verbs_io io = {.write_imm = sim_write_imm, .send_imm = sim_send_imm};
-    braid_verbs_engine_cfg cfg = {.rank = 2, .peer = 3, .rx_ring = ring, .rx_slots = 1, .rx_slot_bytes = 4096,
-                                  .tx_slots = 1, .tx_slot_bytes = 4096, .tx_window = 2, .tx_stage = stage};
+    braid_verbs_engine_cfg cfg = {.rank = 2,
+                                  .peer = 3,
+                                  .rx_ring = ring,
+                                  .rx_slots = 1,
+                                  .rx_slot_bytes = 4096,
+                                  .tx_slots = 1,
+                                  .tx_slot_bytes = 4096,
+                                  .tx_window = 2,
+                                  .tx_stage = stage};
     ck_assert_int_eq(braid_verbs_engine_init(&e, &cfg, &io), BRAID_ERR_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(braid_last_error(), "rank 2: verbs connection to peer 3"));
     cfg.tx_window = 1;

@@ -11,9 +11,12 @@ traffic onto braid. The braid group must span the same ranks in the same
 order. CPU tensors only.
 """
 
+import queue
+import threading
+
 import torch
 
-__all__ = ["allreduce_hook", "fp16_compress_hook", "bf16_compress_hook"]
+__all__ = ["allreduce_hook", "allreduce_hook_async", "fp16_compress_hook", "bf16_compress_hook"]
 
 
 def _bucket_tensor(bucket):
@@ -37,6 +40,53 @@ def allreduce_hook(state, bucket):
     tensor = _bucket_tensor(bucket)
     state.allreduce(tensor, op="avg")
     return _completed(tensor)
+
+
+class _Completer:
+    """One thread per process group that waits for braid works in issue
+    order (the order braid completes them in) and completes their Futures,
+    so the hook can return at once and backward runs on meanwhile."""
+
+    def __init__(self):
+        self._q = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="braid-hook", daemon=True)
+        self._thread.start()
+
+    def submit(self, work, fut, tensor):
+        self._q.put((work, fut, tensor))
+
+    def _run(self):
+        while True:
+            work, fut, tensor = self._q.get()
+            try:
+                work.wait()  # drops the GIL while braid works
+            except Exception as e:  # hand the BraidError to whoever waits on fut
+                fut.set_exception(e)
+            else:
+                fut.set_result(tensor)
+
+
+_completers = {}
+_completers_lock = threading.Lock()
+
+
+def _completer(state):
+    with _completers_lock:
+        c = _completers.get(id(state))
+        if c is None:
+            c = _completers[id(state)] = _Completer()
+        return c
+
+
+def allreduce_hook_async(state, bucket):
+    """Like allreduce_hook, but returns a pending Future: the all-reduce
+    runs on braid's progress thread while autograd computes the next
+    buckets, and a helper thread completes the Future when it is done."""
+    tensor = _bucket_tensor(bucket)
+    work = state.allreduce(tensor, op="avg", async_op=True)
+    fut = torch.futures.Future()
+    _completer(state).submit(work, fut, tensor)
+    return fut
 
 
 def _compressed_hook(state, bucket, dtype):

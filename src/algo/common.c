@@ -9,7 +9,11 @@
 
 /* Longest single block in the transport, so a stuck wait rechecks abort
  * even if the wake fd were missed. */
-#define WAIT_SLICE_MS 200
+#define WAIT_SLICE_MS 10
+/* Mixed transports: longest block in one transport while another's
+ * connections wait unprogressed, and connections progressed per call. */
+#define MIXED_BLOCK_MS 1
+#define MIXED_GROUP_MAX 64
 
 const char *braid__coll_name(braid_coll_kind kind)
 {
@@ -35,6 +39,48 @@ void braid__algo_run_init(braid_algo_run *run, braid_pg *pg, const braid_coll *c
     run->fp_in.posted = 0;
 }
 
+/* Connections of several transports (shm to same-host peers, the network
+ * to the rest): no transport can block on another's connections, so each
+ * transport's share is progressed without blocking, and then the first
+ * one's blocks for at most MIXED_BLOCK_MS, which bounds the others' delay. */
+static braid_status wait_mixed(braid_conn **conns, int nconns, int wake_fd, int slice)
+{
+    braid_conn *group[MIXED_GROUP_MAX];
+    for (int i = 0; i < nconns; i++) {
+        const braid_transport_ops *ops = conns[i]->ops;
+        int seen = 0;
+        for (int j = 0; j < i && !seen; j++)
+            seen = conns[j]->ops == ops;
+        if (seen || ops == conns[0]->ops)
+            continue;
+        int n = 0;
+        for (int j = i; j < nconns; j++) {
+            if (conns[j]->ops != ops)
+                continue;
+            group[n++] = conns[j];
+            if (n == MIXED_GROUP_MAX) {
+                BRAID_CHECK(ops->progress(group, n, -1, 0));
+                n = 0;
+            }
+        }
+        if (n)
+            BRAID_CHECK(ops->progress(group, n, -1, 0));
+    }
+    const braid_transport_ops *first = conns[0]->ops;
+    int n = 0;
+    for (int j = 0; j < nconns; j++) {
+        if (conns[j]->ops != first)
+            continue;
+        group[n++] = conns[j];
+        if (n == MIXED_GROUP_MAX) {
+            BRAID_CHECK(first->progress(group, n, -1, 0));
+            n = 0;
+        }
+    }
+    int block = slice < MIXED_BLOCK_MS ? slice : MIXED_BLOCK_MS;
+    return n ? first->progress(group, n, wake_fd, block) : BRAID_OK;
+}
+
 braid_status braid__algo_wait(braid_algo_run *run, braid_conn **conns, int nconns, int waiting_on)
 {
     braid_pg *pg = run->pg;
@@ -47,6 +93,9 @@ braid_status braid__algo_wait(braid_algo_run *run, braid_conn **conns, int nconn
                             "rank %d: %s #%" PRIu64 " timed out after %d ms waiting for peer %d", pg->rank,
                             run->name, run->coll->seq, pg->timeout_ms, waiting_on);
     int slice = left < WAIT_SLICE_MS ? (int)left : WAIT_SLICE_MS;
+    for (int i = 1; i < nconns; i++)
+        if (conns[i]->ops != conns[0]->ops)
+            return wait_mixed(conns, nconns, pg->wake_fd, slice);
     braid_status st = conns[0]->ops->progress(conns, nconns, pg->wake_fd, slice);
     if (st != BRAID_OK)
         return st;

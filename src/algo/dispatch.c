@@ -1,6 +1,7 @@
 /* Tuner and dispatch: picks an algorithm per call, runs it, and turns a
  * failure into a broken group so that every rank fails fast. */
 #include "algo.h"
+#include "hmem.h"
 #include "status.h"
 
 /* Below this size all-reduce is latency-bound and recursive doubling's
@@ -71,6 +72,8 @@ static braid_status run_group(braid_pg *pg, braid_coll *group)
 
 braid_status braid__coll_run(braid_pg *pg, braid_coll *coll)
 {
+    if (coll->hmem) /* device buffers: staged pieces come back here as host calls */
+        return braid__hmem_coll_run(pg, coll);
     braid_status st = braid__pg_check_usable(pg, braid__coll_name(coll->kind));
     if (st != BRAID_OK)
         return st;

@@ -24,12 +24,12 @@ enum { MSG_CHAINED, MSG_FP, MSG_DATA, MSG_DONE };
 typedef struct {
     const braid_coll *op;
     braid_conn *conn;
-    braid_coll fp;         /* the message's fingerprint: kind, dtype, count, seq */
+    braid_coll fp; /* the message's fingerprint: kind, dtype, count, seq */
     uint8_t fp_mine[BRAID_FP_BYTES], fp_theirs[BRAID_FP_BYTES];
     braid_req fp_req, data_req;
     int state;
-    int fp_done;           /* sends: fingerprint handed to the transport */
-    int next;              /* receives: next receive from the same peer, or -1 */
+    int fp_done; /* sends: fingerprint handed to the transport */
+    int next;    /* receives: next receive from the same peer, or -1 */
 } p2p_msg;
 
 static size_t msg_bytes(const braid_coll *op)
@@ -56,9 +56,8 @@ braid_status braid__p2p_check_self(const braid_pg *pg, const braid_coll *ops, in
     int s = next_self(pg, ops, nops, 0, BRAID_COLL_SEND), r = next_self(pg, ops, nops, 0, BRAID_COLL_RECV);
     for (int k = 0; s < nops || r < nops; k++) {
         if (s == nops || r == nops)
-            return braid__error(BRAID_ERR_INVALID_ARG,
-                                "rank %d: %s to itself #%d has no matching %s in the same group", pg->rank,
-                                s < nops ? "send" : "recv", k, s < nops ? "recv" : "send");
+            return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s to itself #%d has no matching %s in the same group",
+                                pg->rank, s < nops ? "send" : "recv", k, s < nops ? "recv" : "send");
         if (ops[s].count != ops[r].count || ops[s].dtype != ops[r].dtype)
             return braid__error(BRAID_ERR_INVALID_ARG,
                                 "rank %d: send to itself #%d (count=%zu, dtype=%d) does not match its recv "
@@ -73,8 +72,8 @@ braid_status braid__p2p_check_self(const braid_pg *pg, const braid_coll *ops, in
 static void copy_self(const braid_pg *pg, const braid_coll *ops, int nops)
 {
     int s = next_self(pg, ops, nops, 0, BRAID_COLL_SEND), r = next_self(pg, ops, nops, 0, BRAID_COLL_RECV);
-    for (; s < nops && r < nops; s = next_self(pg, ops, nops, s + 1, BRAID_COLL_SEND),
-                                 r = next_self(pg, ops, nops, r + 1, BRAID_COLL_RECV))
+    for (; s < nops && r < nops;
+         s = next_self(pg, ops, nops, s + 1, BRAID_COLL_SEND), r = next_self(pg, ops, nops, r + 1, BRAID_COLL_RECV))
         if (msg_bytes(&ops[s]) && ops[r].recv != ops[s].send)
             memmove(ops[r].recv, ops[s].send, msg_bytes(&ops[s]));
 }
@@ -180,8 +179,12 @@ static braid_status post_all(braid_pg *pg, p2p_msg *msgs, int nops, int *last_re
             continue;
         }
         int peer = op->peer, is_send = op->kind == BRAID_COLL_SEND;
-        m->fp = (braid_coll){.kind = op->kind, .count = op->count, .dtype = op->dtype, .root = -1,
-                             .peer = peer, .seq = pg->p2p_seq[2 * peer + (is_send ? 0 : 1)]++};
+        m->fp = (braid_coll){.kind = op->kind,
+                             .count = op->count,
+                             .dtype = op->dtype,
+                             .root = -1,
+                             .peer = peer,
+                             .seq = pg->p2p_seq[2 * peer + (is_send ? 0 : 1)]++};
         if (is_send) {
             braid__fp_encode(&m->fp, m->fp_mine);
             BRAID_CHECK(m->conn->ops->isend(m->conn, &m->fp_req, m->fp_mine, sizeof(m->fp_mine)));

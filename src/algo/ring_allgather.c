@@ -78,8 +78,8 @@ braid_status braid__ring_allgather(braid_algo_run *run)
             int block;
             size_t off, len;
             item_range(&g, posted_s, 0, &block, &off, &len);
-            const uint8_t *src = posted_s < g.chunks ? send + off * g.esize
-                                                     : recv + ((size_t)block * g.count + off) * g.esize;
+            const uint8_t *src =
+                posted_s < g.chunks ? send + off * g.esize : recv + ((size_t)block * g.count + off) * g.esize;
             BRAID_CHECK(to_next->ops->isend(to_next, &send_reqs[posted_s % SEND_WINDOW], src, len * g.esize));
             posted_s++;
             moved = 1;

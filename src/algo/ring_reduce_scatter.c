@@ -23,8 +23,8 @@
 #include "reduce/reduce.h"
 #include "status.h"
 
-#define RECV_SLOTS 8   /* chunks in flight into staging */
-#define SEND_WINDOW 8  /* sends posted ahead of completion */
+#define RECV_SLOTS 8  /* chunks in flight into staging */
+#define SEND_WINDOW 8 /* sends posted ahead of completion */
 
 typedef struct {
     int n, rank;

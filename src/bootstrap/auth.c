@@ -76,8 +76,7 @@ void braid__hello_encode(const braid_hello *h, uint8_t out[BRAID_HELLO_BYTES])
 braid_status braid__hello_decode(const uint8_t *buf, size_t len, braid_hello *h)
 {
     if (!buf || len != BRAID_HELLO_BYTES)
-        return braid__error_quiet(BRAID_ERR_AUTH, "hello of %zu bytes, expected %d", buf ? len : 0,
-                                  BRAID_HELLO_BYTES);
+        return braid__error_quiet(BRAID_ERR_AUTH, "hello of %zu bytes, expected %d", buf ? len : 0, BRAID_HELLO_BYTES);
     if (memcmp(buf, BRAID_HELLO_MAGIC, 4) != 0)
         return braid__error_quiet(BRAID_ERR_AUTH, "not a braid hello (bad magic %02x%02x%02x%02x)", buf[0], buf[1],
                                   buf[2], buf[3]);
@@ -119,8 +118,8 @@ braid_status braid__auth_mac(const uint8_t secret[BRAID_SECRET_BYTES], uint8_t r
 }
 
 braid_status braid__auth_mac_check(const uint8_t secret[BRAID_SECRET_BYTES], uint8_t role,
-                                   const uint8_t hello_i[BRAID_HELLO_BYTES],
-                                   const uint8_t hello_a[BRAID_HELLO_BYTES], const uint8_t mac[BRAID_MAC_BYTES])
+                                   const uint8_t hello_i[BRAID_HELLO_BYTES], const uint8_t hello_a[BRAID_HELLO_BYTES],
+                                   const uint8_t mac[BRAID_MAC_BYTES])
 {
     uint8_t want[BRAID_MAC_BYTES];
     BRAID_CHECK(braid__auth_mac(secret, role, hello_i, hello_a, want));
@@ -151,12 +150,18 @@ braid_status braid__auth_result_decode(const uint8_t *buf, size_t len, uint32_t 
 const char *braid__auth_result_string(uint32_t result)
 {
     switch (result) {
-    case BRAID_AUTH_ACCEPTED: return "accepted";
-    case BRAID_AUTH_REJECT_DUPLICATE: return "duplicate connection";
-    case BRAID_AUTH_REJECT_GROUP: return "different process group (pg_tag)";
-    case BRAID_AUTH_REJECT_RANK: return "rank out of range or wrong target rank";
-    case BRAID_AUTH_REJECT_SOCKETS: return "invalid or inconsistent socket index/count";
-    default: return "unknown verdict";
+    case BRAID_AUTH_ACCEPTED:
+        return "accepted";
+    case BRAID_AUTH_REJECT_DUPLICATE:
+        return "duplicate connection";
+    case BRAID_AUTH_REJECT_GROUP:
+        return "different process group (pg_tag)";
+    case BRAID_AUTH_REJECT_RANK:
+        return "rank out of range or wrong target rank";
+    case BRAID_AUTH_REJECT_SOCKETS:
+        return "invalid or inconsistent socket index/count";
+    default:
+        return "unknown verdict";
     }
 }
 
@@ -190,8 +195,10 @@ braid_status braid__auth_initiate(int fd, const uint8_t secret[BRAID_SECRET_BYTE
         return braid__error(BRAID_ERR_AUTH, "%s: peer answered as a %s, expected a %s", what, role_name(h.role),
                             role_name(peer_role));
     if (braid__auth_mac_check(secret, peer_role, raw_i, in, in + BRAID_HELLO_BYTES) != BRAID_OK)
-        return braid__error(BRAID_ERR_AUTH, "%s: peer failed authentication: wrong proof of the job secret "
-                            "(another job, or a different unique id / BRAID_JOB_SECRET?)", what);
+        return braid__error(BRAID_ERR_AUTH,
+                            "%s: peer failed authentication: wrong proof of the job secret "
+                            "(another job, or a different unique id / BRAID_JOB_SECRET?)",
+                            what);
     BRAID_CHECK(braid__auth_mac(secret, self->role, raw_i, in, mac));
     braid_status st = braid__sock_write_full(fd, mac, sizeof(mac), deadline_ms, what);
     OPENSSL_cleanse(mac, sizeof(mac));
@@ -307,11 +314,10 @@ braid_status braid__auth_accept_step(braid_auth_accept *hs, int fd)
             memcpy(hs->raw_i, hs->buf, BRAID_HELLO_BYTES);
             BRAID_CHECK(braid__hello_decode(hs->raw_i, BRAID_HELLO_BYTES, &hs->peer));
             if (hs->peer.role != hs->peer_role)
-                return braid__error_quiet(BRAID_ERR_AUTH, "hello from a %s, expected a %s",
-                                          role_name(hs->peer.role), role_name(hs->peer_role));
+                return braid__error_quiet(BRAID_ERR_AUTH, "hello from a %s, expected a %s", role_name(hs->peer.role),
+                                          role_name(hs->peer_role));
             memcpy(hs->buf, hs->raw_a, BRAID_HELLO_BYTES);
-            BRAID_CHECK(braid__auth_mac(hs->secret, hs->self_role, hs->raw_i, hs->raw_a,
-                                        hs->buf + BRAID_HELLO_BYTES));
+            BRAID_CHECK(braid__auth_mac(hs->secret, hs->self_role, hs->raw_i, hs->raw_a, hs->buf + BRAID_HELLO_BYTES));
             hs->pos = 0;
             hs->len = BRAID_HELLO_BYTES + BRAID_MAC_BYTES;
             hs->state = BRAID_AUTH_SEND_HELLO;
@@ -329,8 +335,10 @@ braid_status braid__auth_accept_step(braid_auth_accept *hs, int fd)
             if (!complete)
                 return BRAID_OK;
             if (braid__auth_mac_check(hs->secret, hs->peer_role, hs->raw_i, hs->raw_a, hs->buf) != BRAID_OK)
-                return braid__error_quiet(BRAID_ERR_AUTH, "failed authentication: wrong proof of the job secret "
-                                          "(rank %d of another job, or a different secret?)", hs->peer.rank);
+                return braid__error_quiet(BRAID_ERR_AUTH,
+                                          "failed authentication: wrong proof of the job secret "
+                                          "(rank %d of another job, or a different secret?)",
+                                          hs->peer.rank);
             hs->state = BRAID_AUTH_VERIFIED;
             return BRAID_OK;
         case BRAID_AUTH_SEND_RESULT:

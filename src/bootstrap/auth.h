@@ -35,7 +35,7 @@
 typedef enum {
     BRAID_ROLE_STORE_CLIENT = 1, /* initiator */
     BRAID_ROLE_STORE_SERVER = 2,
-    BRAID_ROLE_TCP_CONNECT = 3,  /* initiator */
+    BRAID_ROLE_TCP_CONNECT = 3, /* initiator */
     BRAID_ROLE_TCP_ACCEPT = 4,
     BRAID_ROLE_MAX = BRAID_ROLE_TCP_ACCEPT
 } braid_role;
@@ -84,8 +84,8 @@ braid_status braid__auth_mac(const uint8_t secret[BRAID_SECRET_BYTES], uint8_t r
 
 /* Constant-time check of a received proof: BRAID_OK or BRAID_ERR_AUTH. */
 braid_status braid__auth_mac_check(const uint8_t secret[BRAID_SECRET_BYTES], uint8_t role,
-                                   const uint8_t hello_i[BRAID_HELLO_BYTES],
-                                   const uint8_t hello_a[BRAID_HELLO_BYTES], const uint8_t mac[BRAID_MAC_BYTES]);
+                                   const uint8_t hello_i[BRAID_HELLO_BYTES], const uint8_t hello_a[BRAID_HELLO_BYTES],
+                                   const uint8_t mac[BRAID_MAC_BYTES]);
 
 void braid__auth_result_encode(uint32_t result, uint8_t out[BRAID_RESULT_BYTES]);
 /* BRAID_ERR_AUTH for a short buffer or an unknown code. */
@@ -128,10 +128,10 @@ typedef struct {
     uint8_t raw_i[BRAID_HELLO_BYTES];
     uint8_t raw_a[BRAID_HELLO_BYTES];
     uint8_t buf[BRAID_HELLO_BYTES + BRAID_MAC_BYTES];
-    size_t pos, len;       /* progress through buf */
-    size_t bytes_in;       /* received in total: 0 means a bare connect */
+    size_t pos, len; /* progress through buf */
+    size_t bytes_in; /* received in total: 0 means a bare connect */
     uint32_t result;
-    braid_hello peer;      /* valid from BRAID_AUTH_SEND_HELLO on */
+    braid_hello peer; /* valid from BRAID_AUTH_SEND_HELLO on */
 } braid_auth_accept;
 
 /* self: the acceptor's hello (role, rank, tag...); its nonce is drawn here. */

@@ -106,8 +106,7 @@ braid_status braid__sock_resolve(const char *host, int port, braid_sockaddr *add
 {
     char buf[256];
     if (!host || !*host || port < 0 || port > 65535)
-        return braid__error(BRAID_ERR_INVALID_ARG, "cannot resolve host '%s' port %d", host ? host : "(null)",
-                            port);
+        return braid__error(BRAID_ERR_INVALID_ARG, "cannot resolve host '%s' port %d", host ? host : "(null)", port);
     size_t hl = strlen(host);
     if (host[0] == '[' && hl > 2 && host[hl - 1] == ']' && hl - 2 < sizeof(buf)) {
         memcpy(buf, host + 1, hl - 2);
@@ -132,8 +131,7 @@ braid_status braid__sock_addr_host(const braid_sockaddr *addr, char *ip, size_t 
             goto copy;
         }
     }
-    int rc = getnameinfo((const struct sockaddr *)&addr->ss, addr->len, host, sizeof(host), NULL, 0,
-                         NI_NUMERICHOST);
+    int rc = getnameinfo((const struct sockaddr *)&addr->ss, addr->len, host, sizeof(host), NULL, 0, NI_NUMERICHOST);
     if (rc != 0)
         return braid__error(BRAID_ERR_INVALID_ARG, "cannot print address: %s", gai_strerror(rc));
 copy:
@@ -285,9 +283,9 @@ static braid_status bind_listen(const braid_sockaddr *addr, int *fd)
         (void)setsockopt(s, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
     braid__sock_tune(s);
     if (bind(s, (const struct sockaddr *)&addr->ss, addr->len) != 0) {
-        braid_status st = braid__error_quiet(errno == EADDRINUSE || errno == EADDRNOTAVAIL ? BRAID_ERR_INVALID_ARG
-                                                                                           : BRAID_ERR_SYSTEM,
-                                             "listen on %s: bind: %m", text);
+        braid_status st =
+            braid__error_quiet(errno == EADDRINUSE || errno == EADDRNOTAVAIL ? BRAID_ERR_INVALID_ARG : BRAID_ERR_SYSTEM,
+                               "listen on %s: bind: %m", text);
         close(s);
         return st;
     }
@@ -356,8 +354,8 @@ braid_status braid__sock_listen(const char *host, int port, int *fd, int *bound_
 
 static int connect_retryable(int err)
 {
-    return err == ECONNREFUSED || err == ETIMEDOUT || err == ECONNRESET || err == ECONNABORTED ||
-           err == EHOSTUNREACH || err == ENETUNREACH || err == EAGAIN || err == EADDRNOTAVAIL;
+    return err == ECONNREFUSED || err == ETIMEDOUT || err == ECONNRESET || err == ECONNABORTED || err == EHOSTUNREACH ||
+           err == ENETUNREACH || err == EAGAIN || err == EADDRNOTAVAIL;
 }
 
 /* A connect to a local port nobody listens on can, rarely, pick that very
@@ -463,8 +461,8 @@ braid_status braid__sock_read_full(int fd, void *buf, size_t len, int64_t deadli
         if (n > 0) {
             got += (size_t)n;
         } else if (n == 0) {
-            return braid__error(BRAID_ERR_PEER, "%s: connection closed by the peer (%zu of %zu bytes read)", what,
-                                got, len);
+            return braid__error(BRAID_ERR_PEER, "%s: connection closed by the peer (%zu of %zu bytes read)", what, got,
+                                len);
         } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
             BRAID_CHECK(wait_fd(fd, POLLIN, deadline_ms, what, "recv"));
         } else if (errno != EINTR) {

@@ -27,8 +27,8 @@ struct braid_store {
     pthread_mutex_t mu;
 };
 
-braid_status braid__store_connect(const char *host, int port, const uint8_t secret[BRAID_SECRET_BYTES],
-                                  int rank, int timeout_ms, braid_store **store)
+braid_status braid__store_connect(const char *host, int port, const uint8_t secret[BRAID_SECRET_BYTES], int rank,
+                                  int timeout_ms, braid_store **store)
 {
     braid_status st;
     braid_sockaddr addr;
@@ -46,9 +46,9 @@ braid_status braid__store_connect(const char *host, int port, const uint8_t secr
 
     braid_hello self = {.role = BRAID_ROLE_STORE_CLIENT, .rank = rank, .target = 0}, peer;
     uint32_t result;
-    BRAID_CHECK_GOTO(braid__auth_initiate(s->fd, secret, &self, BRAID_ROLE_STORE_SERVER, deadline, s->what, &peer,
-                                          &result),
-                     st, err_close);
+    BRAID_CHECK_GOTO(
+        braid__auth_initiate(s->fd, secret, &self, BRAID_ROLE_STORE_SERVER, deadline, s->what, &peer, &result), st,
+        err_close);
     if (result != BRAID_AUTH_ACCEPTED) {
         st = braid__error(BRAID_ERR_AUTH, "%s: rejected: %s", s->what, braid__auth_result_string(result));
         goto err_close;
@@ -126,8 +126,8 @@ braid_status braid__store_set(braid_store *s, const char *key, const void *value
     size_t key_len = 0;
     BRAID_CHECK(check_key(s, key, &key_len));
     if (len > BRAID_STORE_VALUE_MAX || (len && !value))
-        return braid__error(BRAID_ERR_INVALID_ARG, "%s: value of %zu bytes for key '%s' (at most %d allowed)",
-                            s->what, len, key, BRAID_STORE_VALUE_MAX);
+        return braid__error(BRAID_ERR_INVALID_ARG, "%s: value of %zu bytes for key '%s' (at most %d allowed)", s->what,
+                            len, key, BRAID_STORE_VALUE_MAX);
     braid_store_req req = {.op = BRAID_STORE_SET, .key_len = (uint32_t)key_len, .value_len = (uint32_t)len};
     braid_store_reply reply;
     pthread_mutex_lock(&s->mu);
@@ -140,8 +140,7 @@ braid_status braid__store_set(braid_store *s, const char *key, const void *value
     return st;
 }
 
-braid_status braid__store_get(braid_store *s, const char *key, void *value, size_t cap, size_t *len,
-                              int timeout_ms)
+braid_status braid__store_get(braid_store *s, const char *key, void *value, size_t cap, size_t *len, int timeout_ms)
 {
     size_t key_len = 0;
     BRAID_CHECK(check_key(s, key, &key_len));
@@ -197,8 +196,7 @@ braid_status braid__store_add(braid_store *s, const char *key, int64_t delta, in
     pthread_mutex_lock(&s->mu);
     BRAID_CHECK_GOTO(exchange(s, &req, key, operand, io_deadline(s), &reply), st, out_unlock);
     if (reply.code == BRAID_STORE_REPLY_BAD && reply.value_len == 0) {
-        st = braid__error(BRAID_ERR_INVALID_ARG, "%s: ADD on key '%s', which does not hold an integer", s->what,
-                          key);
+        st = braid__error(BRAID_ERR_INVALID_ARG, "%s: ADD on key '%s', which does not hold an integer", s->what, key);
         goto out_unlock;
     }
     if (reply.code != BRAID_STORE_REPLY_OK || reply.value_len != 8) {

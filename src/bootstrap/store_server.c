@@ -20,7 +20,7 @@
 #include "store.h"
 #include "store_wire.h"
 
-#define ACCEPT_PAUSE_MS 100   /* after EMFILE: let fds free up instead of spinning */
+#define ACCEPT_PAUSE_MS 100 /* after EMFILE: let fds free up instead of spinning */
 #define INITIAL_BUCKETS 64
 
 typedef enum { CL_HANDSHAKE, CL_HEADER, CL_BODY, CL_PARKED, CL_REPLY, CL_DEAD } client_state;
@@ -28,16 +28,16 @@ typedef enum { CL_HANDSHAKE, CL_HEADER, CL_BODY, CL_PARKED, CL_REPLY, CL_DEAD } 
 typedef struct client {
     int fd;
     client_state state;
-    int rank;                        /* -1 until authenticated */
-    int64_t deadline;                /* handshake, or parked GET (-1: none) */
+    int rank;         /* -1 until authenticated */
+    int64_t deadline; /* handshake, or parked GET (-1: none) */
     char addr[BRAID_SOCK_ADDR_STR];
     braid_auth_accept hs;
     uint8_t hdr[BRAID_STORE_REQ_BYTES];
     size_t hdr_pos;
     braid_store_req req;
-    uint8_t *body;                   /* key then value */
+    uint8_t *body; /* key then value */
     size_t body_pos;
-    uint8_t *out;                    /* reply being sent */
+    uint8_t *out; /* reply being sent */
     size_t out_pos, out_len;
     struct client *next;
 } client;
@@ -62,7 +62,7 @@ struct braid_store_server {
     struct pollfd *pfds;
     client **pclients;
     size_t pcap;
-    int64_t accept_resume;           /* listen fd ignored until then */
+    int64_t accept_resume; /* listen fd ignored until then */
 };
 
 /* ---- key-value table --------------------------------------------------- */
@@ -247,8 +247,7 @@ static void handle_request(braid_store_server *s, client *c)
             client_reply(c, BRAID_STORE_REPLY_TIMEOUT, NULL, 0);
         } else {
             c->state = CL_PARKED;
-            c->deadline = c->req.timeout_ms == BRAID_STORE_WAIT_FOREVER ? -1
-                                                                         : braid__now_ms() + c->req.timeout_ms;
+            c->deadline = c->req.timeout_ms == BRAID_STORE_WAIT_FOREVER ? -1 : braid__now_ms() + c->req.timeout_ms;
         }
         return;
     case BRAID_STORE_ADD: {
@@ -283,8 +282,7 @@ static int client_recv(client *c, uint8_t *buf, size_t *pos, size_t len)
             *pos += (size_t)n;
         } else if (n == 0) {
             /* A rank that is done closes between requests: not an error. */
-            client_drop(c, *pos == 0 && c->state == CL_HEADER ? BRAID_LOG_INFO : BRAID_LOG_WARN,
-                        "connection closed");
+            client_drop(c, *pos == 0 && c->state == CL_HEADER ? BRAID_LOG_INFO : BRAID_LOG_WARN, "connection closed");
             return -1;
         } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
             return 0;
@@ -378,12 +376,16 @@ static void step_client(braid_store_server *s, client *c, short revents)
 static short client_events(const client *c)
 {
     switch (c->state) {
-    case CL_HANDSHAKE: return braid__auth_accept_events(&c->hs);
+    case CL_HANDSHAKE:
+        return braid__auth_accept_events(&c->hs);
     case CL_HEADER:
     case CL_BODY:
-    case CL_PARKED: return POLLIN;
-    case CL_REPLY: return POLLOUT;
-    default: return 0;
+    case CL_PARKED:
+        return POLLIN;
+    case CL_REPLY:
+        return POLLOUT;
+    default:
+        return 0;
     }
 }
 

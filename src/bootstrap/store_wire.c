@@ -41,10 +41,10 @@ void braid__store_req_encode(const braid_store_req *req, uint8_t out[BRAID_STORE
 braid_status braid__store_req_decode(const uint8_t *buf, size_t len, braid_store_req *req)
 {
     if (!buf || len != BRAID_STORE_REQ_BYTES)
-        return braid__error_quiet(BRAID_ERR_PEER, "store request header of %zu bytes, expected %d",
-                                  buf ? len : 0, BRAID_STORE_REQ_BYTES);
-    braid_store_req r = {.op = buf[0], .key_len = get32(buf + 4), .value_len = get32(buf + 8),
-                         .timeout_ms = get32(buf + 12)};
+        return braid__error_quiet(BRAID_ERR_PEER, "store request header of %zu bytes, expected %d", buf ? len : 0,
+                                  BRAID_STORE_REQ_BYTES);
+    braid_store_req r = {
+        .op = buf[0], .key_len = get32(buf + 4), .value_len = get32(buf + 8), .timeout_ms = get32(buf + 12)};
     if (r.op < BRAID_STORE_SET || r.op > BRAID_STORE_ADD)
         return braid__error_quiet(BRAID_ERR_PEER, "unknown store op %u", r.op);
     if (buf[1] || buf[2] || buf[3])

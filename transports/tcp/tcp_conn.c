@@ -66,30 +66,35 @@ void braid_tcp_close(braid_conn *conn)
 }
 
 /* Open and authenticate socket k of the connection to peer. */
-static braid_status connect_one(const braid_transport_ctx *ctx, int peer, const braid_sockaddr *sa,
-                                const char *addr, int k, int nsocks, int64_t deadline, int *out)
+static braid_status connect_one(const braid_transport_ctx *ctx, int peer, const braid_sockaddr *sa, const char *addr,
+                                int k, int nsocks, int64_t deadline, int *out)
 {
     char what[BRAID_SOCK_ADDR_STR + 96];
     int fd;
     if (nsocks > 1)
-        snprintf(what, sizeof(what), "rank %d: connect to peer %d at %s (socket %d of %d)", ctx->rank, peer, addr,
-                 k, nsocks);
+        snprintf(what, sizeof(what), "rank %d: connect to peer %d at %s (socket %d of %d)", ctx->rank, peer, addr, k,
+                 nsocks);
     else
         snprintf(what, sizeof(what), "rank %d: connect to peer %d at %s", ctx->rank, peer, addr);
     BRAID_CHECK(braid__sock_connect(sa, deadline, what, &fd));
 
-    braid_hello self = {.role = BRAID_ROLE_TCP_CONNECT, .rank = ctx->rank, .target = peer,
-                        .pg_tag = ctx->pg_tag, .sock_index = (uint16_t)k, .nsocks = (uint16_t)nsocks};
+    braid_hello self = {.role = BRAID_ROLE_TCP_CONNECT,
+                        .rank = ctx->rank,
+                        .target = peer,
+                        .pg_tag = ctx->pg_tag,
+                        .sock_index = (uint16_t)k,
+                        .nsocks = (uint16_t)nsocks};
     braid_hello theirs;
     uint32_t result;
     braid_status st;
-    BRAID_CHECK_GOTO(braid__auth_initiate(fd, ctx->secret, &self, BRAID_ROLE_TCP_ACCEPT, deadline, what, &theirs,
-                                          &result),
-                     st, err_close);
+    BRAID_CHECK_GOTO(
+        braid__auth_initiate(fd, ctx->secret, &self, BRAID_ROLE_TCP_ACCEPT, deadline, what, &theirs, &result), st,
+        err_close);
     if (theirs.rank != peer || theirs.pg_tag != ctx->pg_tag) {
-        st = braid__error(BRAID_ERR_AUTH, "%s: the listener there is rank %d of group %016llx, expected rank %d of "
-                          "group %016llx (a stale address?)", what, theirs.rank,
-                          (unsigned long long)theirs.pg_tag, peer, (unsigned long long)ctx->pg_tag);
+        st = braid__error(BRAID_ERR_AUTH,
+                          "%s: the listener there is rank %d of group %016llx, expected rank %d of "
+                          "group %016llx (a stale address?)",
+                          what, theirs.rank, (unsigned long long)theirs.pg_tag, peer, (unsigned long long)ctx->pg_tag);
         goto err_close;
     }
     if (result != BRAID_AUTH_ACCEPTED) {
@@ -125,8 +130,7 @@ braid_status braid_tcp_connect(const braid_transport_ctx *ctx, int peer, const c
     int opened = 0;
     braid_status st = BRAID_OK;
     for (; opened < nsocks; opened++)
-        BRAID_CHECK_GOTO(connect_one(ctx, peer, &sa, addr, opened, nsocks, deadline, &fds[opened]), st,
-                         err_close_fds);
+        BRAID_CHECK_GOTO(connect_one(ctx, peer, &sa, addr, opened, nsocks, deadline, &fds[opened]), st, err_close_fds);
     braid_tcp_conn *c;
     BRAID_CHECK_GOTO(braid_tcp_conn_create(ctx->rank, peer, nsocks, fds, addr, &c), st, err_close_fds);
     BRAID_INFO("rank %d: connected to peer %d at %s with %d socket%s", ctx->rank, peer, addr, nsocks,

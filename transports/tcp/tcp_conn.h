@@ -33,19 +33,20 @@ typedef struct {
     size_t send_off;
     braid_req *recv_cur;
     size_t recv_off;
-    int eof_seen;                 /* peer closed this socket; data may remain */
+    int eof_seen; /* peer closed this socket; data may remain */
 } braid_tcp_sock;
 
 typedef struct {
-    braid_conn base;              /* first: braid_conn * downcasts to this */
+    braid_conn base; /* first: braid_conn * downcasts to this */
     int rank;
     int nsocks;
-    int peer_closed;              /* orderly close seen with nothing pending */
+    int peer_closed; /* orderly close seen with nothing pending */
+    int unseen_done; /* requests completed since the last progress() */
     char addr[BRAID_SOCK_ADDR_STR];
-    char error_text[512];         /* of the sticky error, for later calls */
+    char error_text[512]; /* of the sticky error, for later calls */
     braid_req *send_head, *send_tail;
     braid_req *recv_head, *recv_tail;
-    braid_tcp_sock socks[];       /* [nsocks] */
+    braid_tcp_sock socks[]; /* [nsocks] */
 } braid_tcp_conn;
 
 static inline braid_tcp_conn *braid_tcp_conn_of(braid_conn *conn)

@@ -23,8 +23,8 @@
 #define POLL_STACK_FDS 64
 
 /* Request scratch (braid_req.tp). */
-#define TP_HDR 0      /* the 8 header bytes, as sent or received */
-#define TP_PENDING 1  /* sockets that still have to move their stripe */
+#define TP_HDR 0     /* the 8 header bytes, as sent or received */
+#define TP_PENDING 1 /* sockets that still have to move their stripe */
 
 static void put_be64(uint8_t *p, uint64_t v)
 {
@@ -211,7 +211,7 @@ static braid_status sock_recv(braid_tcp_conn *c, int k, int *moved)
 
 /* Report finished requests, oldest first, stopping at the first that is
  * not finished: completion follows posting order. */
-static void complete(braid_req **head, braid_req **tail, int *moved)
+static void complete(braid_tcp_conn *c, braid_req **head, braid_req **tail, int *moved)
 {
     while (*head && (*head)->tp[TP_PENDING] == 0) {
         braid_req *r = *head;
@@ -221,6 +221,7 @@ static void complete(braid_req **head, braid_req **tail, int *moved)
         r->next = NULL;
         r->done = 1; /* last touch: the caller may reuse r from here on */
         *moved = 1;
+        c->unseen_done = 1;
     }
 }
 
@@ -238,8 +239,8 @@ static braid_status conn_progress(braid_tcp_conn *c, int *moved)
     /* Even after a failure, report what fully arrived before it: a call
      * fingerprint received just ahead of a mismatched message lets the
      * algorithm name both calls. */
-    complete(&c->send_head, &c->send_tail, moved);
-    complete(&c->recv_head, &c->recv_tail, moved);
+    complete(c, &c->send_head, &c->send_tail, moved);
+    complete(c, &c->recv_head, &c->recv_tail, moved);
     return st;
 }
 
@@ -355,8 +356,14 @@ braid_status braid_tcp_progress(braid_conn **conns, int nconns, int wake_fd, int
 {
     int moved = 0, total = 0;
     for (int i = 0; i < nconns; i++) {
-        BRAID_CHECK(conn_progress(braid_tcp_conn_of(conns[i]), &moved));
-        total += braid_tcp_conn_of(conns[i])->nsocks;
+        braid_tcp_conn *c = braid_tcp_conn_of(conns[i]);
+        BRAID_CHECK(conn_progress(c, &moved));
+        /* A request that completed inside an earlier test() call counts
+         * as progress: the caller may have tested it before it finished,
+         * and blocking now would sit on a completion nobody has seen. */
+        moved |= c->unseen_done;
+        c->unseen_done = 0;
+        total += c->nsocks;
     }
     if (moved || timeout_ms == 0)
         return BRAID_OK;

@@ -20,13 +20,13 @@
 #include "tcp_conn.h"
 
 #define ACCEPT_PAUSE_MS 100
-#define FD_CLAIMED (-2)        /* a verified socket whose verdict is being sent */
+#define FD_CLAIMED (-2) /* a verified socket whose verdict is being sent */
 
 /* A socket still in its handshake. Owned by the accept thread. */
 typedef struct pending {
     int fd;
     int64_t deadline;
-    int claimed;               /* holds slots[peer.rank].fds[peer.sock_index] */
+    int claimed; /* holds slots[peer.rank].fds[peer.sock_index] */
     int dead;
     char addr[BRAID_SOCK_ADDR_STR];
     braid_auth_accept hs;
@@ -35,15 +35,15 @@ typedef struct pending {
 
 /* Sockets of one peer rank. Guarded by the listener's mu. */
 typedef struct {
-    int nsocks;                /* 0 until the first socket is verified */
+    int nsocks; /* 0 until the first socket is verified */
     int arrived;
-    int taken;                 /* handed out by accept(): later ones are duplicates */
-    int *fds;                  /* [nsocks]: fd, -1 missing, FD_CLAIMED */
+    int taken; /* handed out by accept(): later ones are duplicates */
+    int *fds;  /* [nsocks]: fd, -1 missing, FD_CLAIMED */
     char addr[BRAID_SOCK_ADDR_STR];
 } slot;
 
 typedef struct {
-    braid_listener base;       /* first: braid_listener * downcasts to this */
+    braid_listener base; /* first: braid_listener * downcasts to this */
     braid_transport_ctx ctx;
     char addr[BRAID_ADDR_MAX];
     int listen_fd;
@@ -53,8 +53,8 @@ typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int stopping;
-    slot *slots;               /* [ctx.size] */
-    pending *pending;          /* accept thread only */
+    slot *slots;      /* [ctx.size] */
+    pending *pending; /* accept thread only */
     size_t npending;
     struct pollfd *pfds;
     pending **ppend;
@@ -194,8 +194,7 @@ static void accept_sockets(tcp_listener *l)
             return;
         }
         pending *p = calloc(1, sizeof(*p));
-        braid_hello self = {.role = BRAID_ROLE_TCP_ACCEPT, .rank = l->ctx.rank, .target = -1,
-                            .pg_tag = l->ctx.pg_tag};
+        braid_hello self = {.role = BRAID_ROLE_TCP_ACCEPT, .rank = l->ctx.rank, .target = -1, .pg_tag = l->ctx.pg_tag};
         if (!p || braid__auth_accept_init(&p->hs, l->ctx.secret, &self, BRAID_ROLE_TCP_CONNECT) != BRAID_OK) {
             BRAID_WARN("rank %d: cannot take a connection: out of memory or randomness", l->ctx.rank);
             free(p);
@@ -322,9 +321,8 @@ braid_status braid_tcp_listen(const braid_transport_ctx *ctx, braid_listener **l
         return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for a listener", ctx->rank);
     l->base.ops = &braid__tcp_ops;
     l->ctx = *ctx;
-    l->hs_timeout_ms = ctx->timeout_ms > 0 && ctx->timeout_ms < BRAID_TCP_HANDSHAKE_MAX_MS
-                           ? ctx->timeout_ms
-                           : BRAID_TCP_HANDSHAKE_MAX_MS;
+    l->hs_timeout_ms = ctx->timeout_ms > 0 && ctx->timeout_ms < BRAID_TCP_HANDSHAKE_MAX_MS ? ctx->timeout_ms
+                                                                                           : BRAID_TCP_HANDSHAKE_MAX_MS;
     l->slots = calloc((size_t)ctx->size, sizeof(*l->slots));
     if (!l->slots) {
         st = braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for %d peers", ctx->rank, ctx->size);
@@ -377,8 +375,8 @@ braid_status braid_tcp_accept(braid_listener *listener, int peer, int timeout_ms
 {
     tcp_listener *l = listener_of(listener);
     if (peer < 0 || peer >= l->ctx.size)
-        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: accept from peer %d of a group of %d", l->ctx.rank,
-                            peer, l->ctx.size);
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: accept from peer %d of a group of %d", l->ctx.rank, peer,
+                            l->ctx.size);
     if (timeout_ms <= 0)
         timeout_ms = l->ctx.timeout_ms > 0 ? l->ctx.timeout_ms : 300000;
     int64_t deadline = braid__now_ms() + timeout_ms;

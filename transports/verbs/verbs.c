@@ -22,12 +22,22 @@ typedef struct {
 } braid_verbs_listener;
 
 /* A reg_mem() handle: the registration and the range the caller named,
- * which dereg_mem() invalidates (the caller may free it next). */
+ * which dereg_mem() invalidates (the caller may free it next). Handles
+ * belong to the device the connection uses: deregister them before the
+ * connection closes. */
 typedef struct {
     braid_verbs_region *region;
     void *buf;
     size_t len;
 } braid_verbs_reg;
+
+#define DEFAULT_TIMEOUT_MS 300000
+
+static int64_t deadline_of(int timeout_ms, const braid_transport_ctx *ctx)
+{
+    int ms = timeout_ms > 0 ? timeout_ms : ctx->timeout_ms > 0 ? ctx->timeout_ms : DEFAULT_TIMEOUT_MS;
+    return braid__now_ms() + ms;
+}
 
 static braid_transport_ctx oob_ctx(const braid_transport_ctx *ctx)
 {
@@ -36,8 +46,7 @@ static braid_transport_ctx oob_ctx(const braid_transport_ctx *ctx)
     return t;
 }
 
-static braid_status verbs_listen(const braid_transport_ctx *ctx, braid_listener **listener,
-                                 char addr[BRAID_ADDR_MAX])
+static braid_status verbs_listen(const braid_transport_ctx *ctx, braid_listener **listener, char addr[BRAID_ADDR_MAX])
 {
     braid_verbs_listener *l = calloc(1, sizeof(*l));
     if (!l)
@@ -60,7 +69,7 @@ err_free:
 static braid_status verbs_accept(braid_listener *listener, int peer, int timeout_ms, braid_conn **conn)
 {
     braid_verbs_listener *l = (braid_verbs_listener *)listener;
-    int64_t deadline = braid__now_ms() + (timeout_ms > 0 ? timeout_ms : l->ctx.timeout_ms);
+    int64_t deadline = deadline_of(timeout_ms, &l->ctx);
     braid_conn *oob;
     BRAID_CHECK(braid__tcp_ops.accept(l->tcp, peer, timeout_ms, &oob));
     return braid__verbs_conn_setup(&l->ctx, peer, oob, deadline, conn);
@@ -70,7 +79,7 @@ static braid_status verbs_connect(const braid_transport_ctx *ctx, int peer, cons
                                   braid_conn **conn)
 {
     braid_transport_ctx t = oob_ctx(ctx);
-    int64_t deadline = braid__now_ms() + (timeout_ms > 0 ? timeout_ms : ctx->timeout_ms);
+    int64_t deadline = deadline_of(timeout_ms, ctx);
     braid_conn *oob;
     BRAID_CHECK(braid__tcp_ops.connect(&t, peer, addr, timeout_ms, &oob));
     return braid__verbs_conn_setup(&t, peer, oob, deadline, conn);
@@ -89,7 +98,7 @@ static void verbs_close_listener(braid_listener *listener)
 static braid_status verbs_reg_mem(braid_conn *conn, void *buf, size_t len, void **handle)
 {
     braid_verbs_conn *c = braid_verbs_conn_of(conn);
-    if (len == 0) {
+    if (!buf || len == 0) {
         *handle = NULL;
         return BRAID_OK;
     }
@@ -127,31 +136,51 @@ static braid_status verbs_dereg_mem(braid_conn *conn, void *handle)
 static braid_status post_check(braid_verbs_conn *c, braid_req *req, const void *buf, size_t len, const char *what)
 {
     if (!req || (len && !buf))
-        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s to peer %d with a NULL %s", c->rank, what,
-                            c->base.peer, req ? "buffer" : "request");
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s to peer %d with a NULL %s", c->rank, what, c->base.peer,
+                            req ? "buffer" : "request");
     memset(req, 0, sizeof(*req));
     req->conn = &c->base;
     return BRAID_OK;
+}
+
+/* Before the handshake is done, transfers wait on the connection in
+ * posting order and go to the engine when it is (verbs_conn.c). */
+static braid_status post(braid_verbs_conn *c, braid_req *req, braid_req_kind kind, void *buf, size_t len)
+{
+    if (c->base.error != BRAID_OK)
+        return braid__verbs_conn_error(c);
+    int moved = 0;
+    if (c->hs != BRAID_VERBS_HS_UP)
+        BRAID_CHECK(braid__verbs_conn_handshake(c, &moved));
+    if (c->hs != BRAID_VERBS_HS_UP) {
+        req->kind = kind;
+        req->buf = buf;
+        req->len = len;
+        req->next = NULL;
+        if (c->pre_tail)
+            c->pre_tail->next = req;
+        else
+            c->pre_head = req;
+        c->pre_tail = req;
+        return BRAID_OK;
+    }
+    braid_status st = kind == BRAID_REQ_SEND ? braid_verbs_engine_isend(&c->eng, req, buf, len)
+                                             : braid_verbs_engine_irecv(&c->eng, req, buf, len);
+    return st == BRAID_OK ? st : braid__verbs_conn_failed(c, st);
 }
 
 static braid_status verbs_isend(braid_conn *conn, braid_req *req, const void *buf, size_t len)
 {
     braid_verbs_conn *c = braid_verbs_conn_of(conn);
     BRAID_CHECK(post_check(c, req, buf, len, "send"));
-    braid_status st = braid_verbs_engine_isend(&c->eng, req, buf, len);
-    if (st != BRAID_OK)
-        c->base.error = st;
-    return st;
+    return post(c, req, BRAID_REQ_SEND, (void *)buf, len);
 }
 
 static braid_status verbs_irecv(braid_conn *conn, braid_req *req, void *buf, size_t len)
 {
     braid_verbs_conn *c = braid_verbs_conn_of(conn);
     BRAID_CHECK(post_check(c, req, buf, len, "receive"));
-    braid_status st = braid_verbs_engine_irecv(&c->eng, req, buf, len);
-    if (st != BRAID_OK)
-        c->base.error = st;
-    return st;
+    return post(c, req, BRAID_REQ_RECV, buf, len);
 }
 
 const braid_transport_ops braid__verbs_ops = {

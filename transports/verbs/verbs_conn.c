@@ -1,6 +1,5 @@
-/* Verbs connections: set-up over the TCP connection, posting work for the
- * engine, and teardown. */
-#include <arpa/inet.h>
+/* Verbs connections: set-up over the TCP connection (started in connect()
+ * and accept(), finished lazily: see verbs_conn.h), and teardown. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -23,101 +22,28 @@
 #define DEFAULT_ZCOPY_BYTES (64 * 1024)
 #define DRAIN_MAX_MS 2000 /* goodbye and in-flight chunks, at close */
 #define FLUSH_MAX_MS 1000 /* flushed completions after ERR */
-#define RECV_BATCH 32
+#define READY_BYTE 'R'
 
-/* ---- posting (the engine's io) ------------------------------------------- */
-
-static int io_write_imm(void *ctx, uint32_t slot, const void *src, uint32_t lkey, uint32_t len, uint32_t imm,
-                        uint64_t wr_id)
+braid_status braid__verbs_conn_failed(braid_verbs_conn *c, braid_status st)
 {
-    braid_verbs_conn *c = ctx;
-    if (c->qp_dead)
-        return ENOTCONN;
-    struct ibv_sge sge = {.addr = (uintptr_t)src, .length = len, .lkey = lkey};
-    struct ibv_send_wr wr = {
-        .wr_id = wr_id,
-        .sg_list = len ? &sge : NULL,
-        .num_sge = len ? 1 : 0,
-        .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
-        .send_flags = IBV_SEND_SIGNALED,
-        .imm_data = htonl(imm),
-    };
-    wr.wr.rdma.remote_addr = c->remote_ring + (uint64_t)slot * c->remote_slot_bytes;
-    wr.wr.rdma.rkey = c->remote_rkey;
-    struct ibv_send_wr *bad;
-    int err = ibv_post_send(c->qp, &wr, &bad);
-    if (!err)
-        c->outstanding++;
-    return err;
+    if (c->base.error != BRAID_OK)
+        return braid__verbs_conn_error(c);
+    c->base.error = st;
+    snprintf(c->error_text, sizeof(c->error_text), "%s", braid_last_error());
+    /* Forget queued transfers: their owners may unwind now. */
+    c->pre_head = c->pre_tail = NULL;
+    if (c->eng_ready)
+        braid_verbs_engine_abandon(&c->eng);
+    return st;
 }
 
-static int io_send_imm(void *ctx, uint32_t imm, uint64_t wr_id)
+braid_status braid__verbs_conn_error(const braid_verbs_conn *c)
 {
-    braid_verbs_conn *c = ctx;
-    if (c->qp_dead)
-        return ENOTCONN;
-    struct ibv_send_wr wr = {
-        .wr_id = wr_id,
-        .opcode = IBV_WR_SEND_WITH_IMM,
-        .send_flags = IBV_SEND_SIGNALED,
-        .imm_data = htonl(imm),
-    };
-    struct ibv_send_wr *bad;
-    int err = ibv_post_send(c->qp, &wr, &bad);
-    if (!err)
-        c->outstanding++;
-    return err;
+    braid__error_set_text(c->error_text);
+    return c->base.error;
 }
 
-/* Zero copy is only taken from registrations the cache already has
- * (reg_mem) unless BRAID_IB_REGCACHE=1 allows registering on demand. */
-static int io_zcopy_get(void *ctx, const void *buf, size_t len, uint32_t *lkey, void **token)
-{
-    braid_verbs_conn *c = ctx;
-    braid_verbs_region *r;
-    pthread_mutex_lock(&c->dev->mu);
-    int err = braid_verbs_regcache_acquire(&c->dev->cache, buf, len, c->dev->implicit_reg, &r);
-    pthread_mutex_unlock(&c->dev->mu);
-    if (err)
-        return err;
-    *lkey = r->lkey;
-    *token = r;
-    return 0;
-}
-
-static void io_zcopy_put(void *ctx, void *token)
-{
-    braid_verbs_conn *c = ctx;
-    pthread_mutex_lock(&c->dev->mu);
-    braid_verbs_regcache_release(&c->dev->cache, token);
-    pthread_mutex_unlock(&c->dev->mu);
-}
-
-int braid__verbs_post_recvs(braid_verbs_conn *c, uint32_t n)
-{
-    /* Receives carry no buffer: data arrives by RDMA write into the ring
-     * and control messages are empty, so a receive is only a ticket for
-     * one immediate. */
-    struct ibv_recv_wr wrs[RECV_BATCH];
-    while (n > 0) {
-        uint32_t k = n < RECV_BATCH ? n : RECV_BATCH;
-        for (uint32_t i = 0; i < k; i++)
-            wrs[i] = (struct ibv_recv_wr){.wr_id = BRAID_VERBS_WR_ID(BRAID_VERBS_WR_RECV, 0),
-                                          .next = i + 1 < k ? &wrs[i + 1] : NULL};
-        struct ibv_recv_wr *bad = NULL;
-        int err = ibv_post_recv(c->qp, wrs, &bad);
-        if (err) {
-            for (struct ibv_recv_wr *w = wrs; w != bad && w < wrs + k; w++)
-                c->outstanding++;
-            return err;
-        }
-        c->outstanding += k;
-        n -= k;
-    }
-    return 0;
-}
-
-/* ---- set-up -------------------------------------------------------------- */
+/* ---- set-up, first half: connect() / accept() ----------------------------- */
 
 static braid_status ring_geometry(int rank, uint32_t *nslots, uint32_t *slot_bytes)
 {
@@ -134,30 +60,6 @@ static braid_status ring_geometry(int rank, uint32_t *nslots, uint32_t *slot_byt
     return BRAID_OK;
 }
 
-/* Send out and receive in (len bytes each) over the TCP connection. */
-static braid_status oob_exchange(braid_verbs_conn *c, const void *out, void *in, size_t len, int64_t deadline,
-                                 const char *what)
-{
-    braid_conn *o = c->oob;
-    braid_req s, r;
-    BRAID_CHECK(o->ops->isend(o, &s, out, len));
-    BRAID_CHECK(o->ops->irecv(o, &r, in, len));
-    int sent = 0, got = 0;
-    for (;;) {
-        if (!sent)
-            BRAID_CHECK(o->ops->test(&s, &sent));
-        if (!got)
-            BRAID_CHECK(o->ops->test(&r, &got));
-        if (sent && got)
-            return BRAID_OK;
-        int64_t left = deadline - braid__now_ms();
-        if (left <= 0)
-            return braid__error(BRAID_ERR_TIMEOUT, "rank %d: peer %d sent no verbs %s before the connect timeout",
-                                c->rank, c->base.peer, what);
-        BRAID_CHECK(o->ops->progress(&o, 1, -1, (int)(left < 1000 ? left : 1000)));
-    }
-}
-
 static braid_status alloc_ring(braid_verbs_conn *c, size_t bytes, int access, void **ring, struct ibv_mr **mr,
                                const char *what)
 {
@@ -170,39 +72,39 @@ static braid_status alloc_ring(braid_verbs_conn *c, size_t bytes, int access, vo
     memset(*ring, 0, bytes);
     *mr = ibv_reg_mr(c->dev->pd, *ring, bytes, access);
     if (!*mr)
-        return braid__error(BRAID_ERR_SYSTEM, "rank %d: peer %d: cannot register the %zu-byte %s on %s: %m "
-                            "(locked-memory limit? see ulimit -l)",
+        return braid__error(BRAID_ERR_SYSTEM,
+                            "rank %d: peer %d: cannot register the %zu-byte %s on %s: %m (locked-memory limit? "
+                            "see ulimit -l)",
                             c->rank, c->base.peer, bytes, what, c->dev->name);
     return BRAID_OK;
 }
 
-static void destroy(braid_verbs_conn *c);
-
-static braid_status create_queues(braid_verbs_conn *c, uint32_t nslots)
+static braid_status create_queues(braid_verbs_conn *c)
 {
     const struct ibv_device_attr *attr = &c->dev->attr;
     /* Sized for our own window; the window used is the smaller of both
      * rings, so it always fits (see BRAID_VERBS_SQ_DEPTH). */
-    c->sq_depth = BRAID_VERBS_SQ_DEPTH(nslots);
-    c->rq_depth = BRAID_VERBS_RQ_DEPTH(nslots, nslots);
-    if ((int)c->rq_depth > attr->max_qp_wr || (int)(c->sq_depth + c->rq_depth) > attr->max_cqe)
+    c->sq_depth = BRAID_VERBS_SQ_DEPTH(c->nslots);
+    c->rq_depth = BRAID_VERBS_RQ_DEPTH(c->nslots, c->nslots);
+    if ((int)c->rq_depth > attr->max_qp_wr || (int)c->sq_depth > attr->max_qp_wr ||
+        (int)(c->sq_depth + c->rq_depth) > attr->max_cqe)
         return braid__error(BRAID_ERR_UNSUPPORTED,
                             "rank %d: peer %d: %s allows %d work requests per queue and %d completions; "
                             "lower BRAID_IB_SLOTS (%u)",
-                            c->rank, c->base.peer, c->dev->name, attr->max_qp_wr, attr->max_cqe, nslots);
+                            c->rank, c->base.peer, c->dev->name, attr->max_qp_wr, attr->max_cqe, c->nslots);
     c->chan = ibv_create_comp_channel(c->dev->ctx);
     if (!c->chan)
-        return braid__error(BRAID_ERR_SYSTEM, "rank %d: peer %d: ibv_create_comp_channel: %m", c->rank,
-                            c->base.peer);
+        return braid__error(BRAID_ERR_SYSTEM, "rank %d: peer %d: ibv_create_comp_channel: %m", c->rank, c->base.peer);
     int fl = fcntl(c->chan->fd, F_GETFL);
     if (fl < 0 || fcntl(c->chan->fd, F_SETFL, fl | O_NONBLOCK) < 0)
         return braid__error(BRAID_ERR_SYSTEM, "rank %d: peer %d: completion channel to non-blocking: %m", c->rank,
                             c->base.peer);
     c->cq = ibv_create_cq(c->dev->ctx, (int)(c->sq_depth + c->rq_depth), c, c->chan, 0);
     if (!c->cq)
-        return braid__error(BRAID_ERR_SYSTEM, "rank %d: peer %d: ibv_create_cq (%u entries): %m", c->rank,
-                            c->base.peer, c->sq_depth + c->rq_depth);
+        return braid__error(BRAID_ERR_SYSTEM, "rank %d: peer %d: ibv_create_cq (%u entries): %m", c->rank, c->base.peer,
+                            c->sq_depth + c->rq_depth);
     BRAID_CHECK(braid__verbs_qp_create(c->dev, c->cq, c->sq_depth, c->rq_depth, c->rank, c->base.peer, &c->qp));
+    /* Receives go in before RTR, so the peer's first write finds one. */
     int err = braid__verbs_post_recvs(c, c->rq_depth);
     if (err)
         return braid__error(BRAID_ERR_SYSTEM, "rank %d: peer %d: posting %u receives: %s", c->rank, c->base.peer,
@@ -210,46 +112,49 @@ static braid_status create_queues(braid_verbs_conn *c, uint32_t nslots)
     return BRAID_OK;
 }
 
-static braid_status exchange_info(braid_verbs_conn *c, uint32_t nslots, uint32_t slot_bytes, int64_t deadline,
-                                  braid_verbs_info *remote, uint32_t *psn)
+static braid_status send_info(braid_verbs_conn *c, int64_t deadline)
 {
-    uint8_t rnd[4];
+    uint8_t rnd[3];
     BRAID_CHECK(braid__random_bytes(rnd, sizeof(rnd)));
-    *psn = ((uint32_t)rnd[0] | (uint32_t)rnd[1] << 8 | (uint32_t)rnd[2] << 16) & 0xFFFFFFu;
+    c->psn = (uint32_t)rnd[0] | (uint32_t)rnd[1] << 8 | (uint32_t)rnd[2] << 16;
     braid_verbs_dev *dev = c->dev;
     braid_verbs_info mine = {
         .link_layer = dev->link_layer == IBV_LINK_LAYER_ETHERNET ? BRAID_VERBS_LINK_ETH : BRAID_VERBS_LINK_IB,
         .mtu = (uint8_t)dev->mtu,
         .qpn = c->qp->qp_num,
-        .psn = *psn,
+        .psn = c->psn,
         .lid = dev->lid,
         .flags = dev->gid_index >= 0 ? BRAID_VERBS_INFO_GID_VALID : 0,
-        .nslots = nslots,
-        .slot_bytes = slot_bytes,
+        .nslots = c->nslots,
+        .slot_bytes = c->slot_bytes,
         .ring_addr = (uintptr_t)c->rx_ring,
         .ring_rkey = c->rx_mr->rkey,
         .rank = c->rank,
     };
     memcpy(mine.gid, dev->gid.raw, 16);
-    uint8_t out[BRAID_VERBS_INFO_BYTES], in[BRAID_VERBS_INFO_BYTES];
-    braid_verbs_info_encode(&mine, out);
-    BRAID_CHECK(oob_exchange(c, out, in, sizeof(in), deadline, "set-up message"));
-    char why[160];
-    if (braid_verbs_info_decode(in, sizeof(in), remote, why, sizeof(why)) != BRAID_OK)
-        return braid__error(BRAID_ERR_PEER, "rank %d: peer %d sent a bad verbs set-up message: %s", c->rank,
-                            c->base.peer, why);
-    if (remote->rank != c->base.peer)
-        return braid__error(BRAID_ERR_PEER, "rank %d: the verbs set-up message from peer %d names rank %d", c->rank,
-                            c->base.peer, (int)remote->rank);
-    if (remote->link_layer != mine.link_layer)
-        return braid__error(BRAID_ERR_PEER, "rank %d: peer %d is on %s, this rank on %s: no path between them",
-                            c->rank, c->base.peer, remote->link_layer == BRAID_VERBS_LINK_ETH ? "RoCE" : "InfiniBand",
-                            mine.link_layer == BRAID_VERBS_LINK_ETH ? "RoCE" : "InfiniBand");
-    return BRAID_OK;
+    braid_verbs_info_encode(&mine, c->hs_out);
+    braid_conn *o = c->oob;
+    BRAID_CHECK(o->ops->isend(o, &c->hs_send, c->hs_out, sizeof(c->hs_out)));
+    BRAID_CHECK(o->ops->irecv(o, &c->hs_recv, c->hs_in, sizeof(c->hs_in)));
+    /* Push it out now: 64 bytes fit any socket buffer, so this waits for
+     * the kernel only, never for the peer's application. */
+    for (;;) {
+        int done;
+        BRAID_CHECK(o->ops->test(&c->hs_send, &done));
+        if (done)
+            return BRAID_OK;
+        int64_t left = deadline - braid__now_ms();
+        if (left <= 0)
+            return braid__error(BRAID_ERR_TIMEOUT, "rank %d: peer %d: cannot send the verbs set-up message", c->rank,
+                                c->base.peer);
+        BRAID_CHECK(o->ops->progress(&o, 1, -1, (int)(left < 100 ? left : 100)));
+    }
 }
 
-braid_status braid__verbs_conn_setup(const braid_transport_ctx *ctx, int peer, braid_conn *oob,
-                                     int64_t deadline, braid_conn **out)
+static void destroy(braid_verbs_conn *c);
+
+braid_status braid__verbs_conn_setup(const braid_transport_ctx *ctx, int peer, braid_conn *oob, int64_t deadline,
+                                     braid_conn **out)
 {
     braid_verbs_conn *c = calloc(1, sizeof(*c));
     if (!c) {
@@ -263,32 +168,61 @@ braid_status braid__verbs_conn_setup(const braid_transport_ctx *ctx, int peer, b
     c->rank = ctx->rank;
     c->timeout_ms = ctx->timeout_ms;
     c->oob = oob; /* closed by destroy() from here on */
+    c->hs = BRAID_VERBS_HS_INFO;
 
     braid_status st;
-    uint32_t nslots = 0, slot_bytes = 0, psn = 0;
-    braid_verbs_info remote;
     BRAID_CHECK_GOTO(braid__verbs_dev_acquire(c->rank, &c->dev), st, err_destroy);
-    BRAID_CHECK_GOTO(ring_geometry(c->rank, &nslots, &slot_bytes), st, err_destroy);
-    BRAID_CHECK_GOTO(alloc_ring(c, (size_t)nslots * slot_bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
+    BRAID_CHECK_GOTO(ring_geometry(c->rank, &c->nslots, &c->slot_bytes), st, err_destroy);
+    BRAID_CHECK_GOTO(alloc_ring(c, (size_t)c->nslots * c->slot_bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
                                 &c->rx_ring, &c->rx_mr, "receive ring"),
                      st, err_destroy);
-    BRAID_CHECK_GOTO(create_queues(c, nslots), st, err_destroy);
-    BRAID_CHECK_GOTO(exchange_info(c, nslots, slot_bytes, deadline, &remote, &psn), st, err_destroy);
+    BRAID_CHECK_GOTO(create_queues(c), st, err_destroy);
+    BRAID_CHECK_GOTO(send_info(c, deadline), st, err_destroy);
+    *out = &c->base;
+    return BRAID_OK;
 
-    uint32_t window = remote.nslots < nslots ? remote.nslots : nslots;
-    BRAID_CHECK_GOTO(alloc_ring(c, (size_t)window * remote.slot_bytes, IBV_ACCESS_LOCAL_WRITE, &c->tx_stage,
-                                &c->tx_mr, "send staging ring"),
-                     st, err_destroy);
+err_destroy:
+    destroy(c);
+    return st;
+}
+
+/* ---- set-up, second half: on first use ------------------------------------ */
+
+static braid_status check_info(braid_verbs_conn *c, braid_verbs_info *remote)
+{
+    char why[160];
+    if (braid_verbs_info_decode(c->hs_in, sizeof(c->hs_in), remote, why, sizeof(why)) != BRAID_OK)
+        return braid__error(BRAID_ERR_PEER, "rank %d: peer %d sent a bad verbs set-up message: %s", c->rank,
+                            c->base.peer, why);
+    if (remote->rank != c->base.peer)
+        return braid__error(BRAID_ERR_PEER, "rank %d: the verbs set-up message from peer %d names rank %d", c->rank,
+                            c->base.peer, (int)remote->rank);
+    uint8_t mine = c->dev->link_layer == IBV_LINK_LAYER_ETHERNET ? BRAID_VERBS_LINK_ETH : BRAID_VERBS_LINK_IB;
+    if (remote->link_layer != mine)
+        return braid__error(BRAID_ERR_PEER, "rank %d: peer %d is on %s, this rank on %s: no path between them", c->rank,
+                            c->base.peer, remote->link_layer == BRAID_VERBS_LINK_ETH ? "RoCE" : "InfiniBand",
+                            mine == BRAID_VERBS_LINK_ETH ? "RoCE" : "InfiniBand");
+    return BRAID_OK;
+}
+
+/* Their set-up message is in: staging ring, engine, RTR, RTS. */
+static braid_status connect_qp(braid_verbs_conn *c)
+{
+    braid_verbs_info remote;
+    BRAID_CHECK(check_info(c, &remote));
+    uint32_t window = remote.nslots < c->nslots ? remote.nslots : c->nslots;
+    BRAID_CHECK(alloc_ring(c, (size_t)window * remote.slot_bytes, IBV_ACCESS_LOCAL_WRITE, &c->tx_stage, &c->tx_mr,
+                           "send staging ring"));
     c->remote_ring = remote.ring_addr;
     c->remote_rkey = remote.ring_rkey;
     c->remote_slot_bytes = remote.slot_bytes;
     long long zmin = braid__param_int("BRAID_IB_ZCOPY_BYTES", DEFAULT_ZCOPY_BYTES);
     braid_verbs_engine_cfg ec = {
         .rank = c->rank,
-        .peer = peer,
+        .peer = c->base.peer,
         .rx_ring = c->rx_ring,
-        .rx_slots = nslots,
-        .rx_slot_bytes = slot_bytes,
+        .rx_slots = c->nslots,
+        .rx_slot_bytes = c->slot_bytes,
         .tx_slots = remote.nslots,
         .tx_slot_bytes = remote.slot_bytes,
         .tx_window = window,
@@ -296,35 +230,72 @@ braid_status braid__verbs_conn_setup(const braid_transport_ctx *ctx, int peer, b
         .tx_stage_lkey = c->tx_mr->lkey,
         .zcopy_min = zmin > 0 ? (size_t)zmin : 0,
     };
-    braid_verbs_io io = {.ctx = c, .write_imm = io_write_imm, .send_imm = io_send_imm, .zcopy_get = io_zcopy_get,
-                         .zcopy_put = io_zcopy_put};
-    BRAID_CHECK_GOTO(braid_verbs_engine_init(&c->eng, &ec, &io), st, err_destroy);
+    braid_verbs_io io;
+    braid__verbs_conn_io(c, &io);
+    BRAID_CHECK(braid_verbs_engine_init(&c->eng, &ec, &io));
     c->eng_ready = 1;
-    BRAID_CHECK_GOTO(braid__verbs_qp_connect(c->qp, c->dev, &remote, psn, c->rank, peer), st, err_destroy);
-
-    /* Neither side may write before the other's queue pair can receive
-     * (RTR): a last byte each way says so. */
-    uint8_t ready = 'R', theirs = 0;
-    BRAID_CHECK_GOTO(oob_exchange(c, &ready, &theirs, 1, deadline, "ready message"), st, err_destroy);
-    if (theirs != 'R') {
-        st = braid__error(BRAID_ERR_PEER, "rank %d: peer %d sent 0x%02x instead of the verbs ready message", c->rank,
-                          peer, theirs);
-        goto err_destroy;
-    }
-    /* From here the TCP connection only watches for the peer's end. */
-    BRAID_CHECK_GOTO(oob->ops->irecv(oob, &c->oob_watch, &c->oob_byte, 1), st, err_destroy);
-
+    BRAID_CHECK(braid__verbs_qp_connect(c->qp, c->dev, &remote, c->psn, c->rank, c->base.peer));
     BRAID_INFO("rank %d: verbs connection to peer %d on %s port %u: qpn %u -> %u, mtu %u, window %u x %u bytes "
                "(receive ring %u x %u)",
-               c->rank, peer, c->dev->name, c->dev->port, c->qp->qp_num, remote.qpn,
-               braid_verbs_mtu_bytes((uint8_t)c->dev->mtu < remote.mtu ? (uint8_t)c->dev->mtu : remote.mtu),
-               window, remote.slot_bytes, nslots, slot_bytes);
-    *out = &c->base;
+               c->rank, c->base.peer, c->dev->name, c->dev->port, c->qp->qp_num, remote.qpn,
+               braid_verbs_mtu_bytes((uint8_t)c->dev->mtu < remote.mtu ? (uint8_t)c->dev->mtu : remote.mtu), window,
+               remote.slot_bytes, c->nslots, c->slot_bytes);
+    return BRAID_OK;
+}
+
+/* Hand the transfers posted during set-up to the engine, in order. */
+static braid_status release_waiting(braid_verbs_conn *c)
+{
+    while (c->pre_head) {
+        braid_req *req = c->pre_head;
+        c->pre_head = req->next;
+        if (!c->pre_head)
+            c->pre_tail = NULL;
+        braid_status st = req->kind == BRAID_REQ_SEND ? braid_verbs_engine_isend(&c->eng, req, req->buf, req->len)
+                                                      : braid_verbs_engine_irecv(&c->eng, req, req->buf, req->len);
+        if (st != BRAID_OK)
+            return st;
+    }
+    return BRAID_OK;
+}
+
+braid_status braid__verbs_conn_handshake(braid_verbs_conn *c, int *moved)
+{
+    braid_conn *o = c->oob;
+    braid_status st;
+    int done;
+    if (c->hs == BRAID_VERBS_HS_INFO) {
+        BRAID_CHECK_GOTO(o->ops->test(&c->hs_recv, &done), st, err_failed);
+        if (!done)
+            return BRAID_OK;
+        BRAID_CHECK_GOTO(connect_qp(c), st, err_failed);
+        /* Our queue pair can receive now; say so. Neither side writes
+         * before hearing this from the other. */
+        c->ready_out = READY_BYTE;
+        BRAID_CHECK_GOTO(o->ops->isend(o, &c->ready_send, &c->ready_out, 1), st, err_failed);
+        BRAID_CHECK_GOTO(o->ops->irecv(o, &c->ready_recv, &c->ready_in, 1), st, err_failed);
+        BRAID_CHECK_GOTO(o->ops->test(&c->ready_send, &done), st, err_failed);
+        c->hs = BRAID_VERBS_HS_READY;
+        *moved = 1;
+    }
+    if (c->hs == BRAID_VERBS_HS_READY) {
+        BRAID_CHECK_GOTO(o->ops->test(&c->ready_recv, &done), st, err_failed);
+        if (!done)
+            return BRAID_OK;
+        if (c->ready_in != READY_BYTE) {
+            st = braid__error(BRAID_ERR_PEER, "rank %d: peer %d sent 0x%02x instead of the verbs ready message",
+                              c->rank, c->base.peer, c->ready_in);
+            goto err_failed;
+        }
+        BRAID_CHECK_GOTO(o->ops->irecv(o, &c->oob_watch, &c->oob_byte, 1), st, err_failed);
+        c->hs = BRAID_VERBS_HS_UP;
+        *moved = 1;
+        BRAID_CHECK_GOTO(release_waiting(c), st, err_failed);
+    }
     return BRAID_OK;
 
-err_destroy:
-    destroy(c);
-    return st;
+err_failed:
+    return braid__verbs_conn_failed(c, st);
 }
 
 /* ---- teardown ------------------------------------------------------------ */
@@ -343,7 +314,6 @@ static void wait_a_little(braid_verbs_conn *c, int ms)
  * work request refers to memory we are about to free. */
 static void flush(braid_verbs_conn *c)
 {
-    c->draining = 1;
     braid__verbs_qp_to_error(c->qp);
     int64_t deadline = braid__now_ms() + FLUSH_MAX_MS;
     while (c->outstanding > 0 && braid__now_ms() < deadline) {
@@ -362,6 +332,7 @@ static void flush(braid_verbs_conn *c)
 
 static void destroy(braid_verbs_conn *c)
 {
+    c->pre_head = c->pre_tail = NULL;
     if (c->qp)
         flush(c);
     if (c->eng_ready)
@@ -382,7 +353,7 @@ static void destroy(braid_verbs_conn *c)
     free(c->tx_stage);
     free(c->rx_ring);
     if (c->oob)
-        c->oob->ops->close(c->oob); /* abandons oob_watch, which lives in c */
+        c->oob->ops->close(c->oob); /* abandons the set-up and watch requests, which live in c */
     if (c->dev)
         braid__verbs_dev_release(c->dev);
     free(c);
@@ -393,20 +364,28 @@ void braid__verbs_conn_close(braid_conn *conn)
     if (!conn)
         return;
     braid_verbs_conn *c = braid_verbs_conn_of(conn);
-    int moved;
-    if (c->eng_ready)
+    c->closing = 1;
+    c->pre_head = c->pre_tail = NULL;
+    /* Only a connection that is up can say goodbye: before that the peer
+     * may not be able to receive it. It sees our TCP end instead. */
+    if (c->hs == BRAID_VERBS_HS_UP && c->base.error == BRAID_OK) {
         braid_verbs_engine_abandon(&c->eng);
-    /* A goodbye may already be waiting: then the peer needs none back. */
-    if (braid__verbs_conn_pass(c, &moved) == BRAID_OK && braid_verbs_engine_close(&c->eng)) {
-        /* Our goodbye follows every chunk we posted; once it completes the
-         * peer has them all, even if it reads them after we are gone. */
-        int limit = c->timeout_ms > 0 && c->timeout_ms < DRAIN_MAX_MS ? c->timeout_ms : DRAIN_MAX_MS;
-        int64_t deadline = braid__now_ms() + limit;
-        while (!braid_verbs_engine_drained(&c->eng) && !c->qp_dead && braid__now_ms() < deadline) {
-            if (braid__verbs_conn_pass(c, &moved) != BRAID_OK || c->oob_gone_ms)
-                break;
-            if (!moved)
-                wait_a_little(c, 10);
+        int moved;
+        /* A goodbye may already be waiting: then the peer needs none back. */
+        if (braid__verbs_conn_pass(c, &moved) == BRAID_OK && !c->qp_dead && !c->oob_gone_ms &&
+            braid_verbs_engine_close(&c->eng)) {
+            /* Our goodbye follows every chunk we posted; once it completes
+             * the peer has them all, even if it reads them after we are
+             * gone. A peer whose TCP end closed will never ack it. */
+            int limit = c->timeout_ms > 0 && c->timeout_ms < DRAIN_MAX_MS ? c->timeout_ms : DRAIN_MAX_MS;
+            int64_t deadline = braid__now_ms() + limit;
+            while (!braid_verbs_engine_drained(&c->eng) && !c->qp_dead && !c->oob_gone_ms &&
+                   braid__now_ms() < deadline) {
+                if (braid__verbs_conn_pass(c, &moved) != BRAID_OK)
+                    break;
+                if (!moved)
+                    wait_a_little(c, 10);
+            }
         }
     }
     destroy(c);

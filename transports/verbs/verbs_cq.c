@@ -24,6 +24,9 @@
 /* A peer's TCP end may overtake its goodbye, which travels on the RDMA
  * path: wait this long for the goodbye before calling it a death. */
 #define OOB_GRACE_MS 200
+/* A connection still in its handshake waits on TCP, whose fd we do not
+ * poll: look again this often. */
+#define HANDSHAKE_SLICE_MS 2
 
 static braid_status poll_cq(braid_verbs_conn *c, int *moved)
 {
@@ -42,8 +45,11 @@ static braid_status poll_cq(braid_verbs_conn *c, int *moved)
             braid_status st;
             if (w->status != IBV_WC_SUCCESS) {
                 /* The first failure moves the QP to ERR; everything after
-                 * it is flushed, so only the first says why. */
+                 * it is flushed, so only the first says why. While closing
+                 * it only means the peer went first. */
                 c->qp_dead = 1;
+                if (c->closing)
+                    continue;
                 char cause[160];
                 snprintf(cause, sizeof(cause), "%s (status %d, vendor error 0x%x)", ibv_wc_status_str(w->status),
                          (int)w->status, w->vendor_err);
@@ -104,24 +110,31 @@ braid_status braid__verbs_conn_pass(braid_verbs_conn *c, int *moved)
     braid_status st;
     int m = 0;
     if (c->base.error != BRAID_OK)
-        return braid_verbs_engine_error(&c->eng);
-    BRAID_CHECK_GOTO(poll_cq(c, moved), st, err_record);
-    BRAID_CHECK_GOTO(braid_verbs_engine_advance(&c->eng, &m), st, err_record);
+        return braid__verbs_conn_error(c);
+    if (c->hs != BRAID_VERBS_HS_UP) {
+        BRAID_CHECK(braid__verbs_conn_handshake(c, moved));
+        if (c->hs != BRAID_VERBS_HS_UP)
+            return BRAID_OK;
+    }
+    BRAID_CHECK_GOTO(poll_cq(c, moved), st, err_failed);
+    BRAID_CHECK_GOTO(braid_verbs_engine_advance(&c->eng, &m), st, err_failed);
     *moved |= m;
-    BRAID_CHECK_GOTO(oob_check(c), st, err_record);
+    BRAID_CHECK_GOTO(oob_check(c), st, err_failed);
     return BRAID_OK;
 
-err_record:
-    c->base.error = st;
-    return st;
+err_failed:
+    return braid__verbs_conn_failed(c, st);
 }
 
 braid_status braid__verbs_conn_arm(braid_verbs_conn *c, int *moved)
 {
+    if (c->hs != BRAID_VERBS_HS_UP)
+        return braid__verbs_conn_pass(c, moved);
     int err = ibv_req_notify_cq(c->cq, 0);
     if (err) {
-        c->base.error = braid_verbs_engine_fail(&c->eng, BRAID_ERR_SYSTEM, "ibv_req_notify_cq: %s", strerror(err));
-        return c->base.error;
+        braid__error(BRAID_ERR_SYSTEM, "rank %d: verbs connection to peer %d: ibv_req_notify_cq: %s", c->rank,
+                     c->base.peer, strerror(err));
+        return braid__verbs_conn_failed(c, BRAID_ERR_SYSTEM);
     }
     return braid__verbs_conn_pass(c, moved);
 }
@@ -172,12 +185,16 @@ braid_status braid__verbs_progress(braid_conn **conns, int nconns, int wake_fd, 
         int64_t left = deadline - braid__now_ms();
         if (left <= 0)
             goto out;
+        int slice = WAIT_SLICE_MS;
+        for (int i = 0; i < nconns; i++)
+            if (braid_verbs_conn_of(conns[i])->hs != BRAID_VERBS_HS_UP)
+                slice = HANDSHAKE_SLICE_MS;
         int n = 0;
         for (int i = 0; i < nconns; i++)
             fds[n++] = (struct pollfd){.fd = braid_verbs_conn_of(conns[i])->chan->fd, .events = POLLIN};
         if (wake_fd >= 0)
             fds[n++] = (struct pollfd){.fd = wake_fd, .events = POLLIN};
-        int rc = poll(fds, (nfds_t)n, left < WAIT_SLICE_MS ? (int)left : WAIT_SLICE_MS);
+        int rc = poll(fds, (nfds_t)n, left < slice ? (int)left : slice);
         if (rc < 0 && errno != EINTR) {
             st = braid__error(BRAID_ERR_SYSTEM, "poll on %d completion channels: %m", nconns);
             goto out;

@@ -105,8 +105,8 @@ static int pick_gid(struct ibv_context *ctx, const char *ibdev_path, const char 
     braid_verbs_gid_type t;
     if (forced >= 0) {
         if (forced >= tbl_len || gid_entry(ctx, ibdev_path, port, (int)forced, g, &t) != 0 || !gid_nonzero(g)) {
-            add_reason(why, cap, "BRAID_IB_GID_INDEX=%lld is not a valid GID of %s port %d (table of %d)", forced,
-                       name, port, tbl_len);
+            add_reason(why, cap, "BRAID_IB_GID_INDEX=%lld is not a valid GID of %s port %d (table of %d)", forced, name,
+                       port, tbl_len);
             return -1;
         }
         memcpy(out->raw, g, 16);
@@ -125,8 +125,8 @@ static int pick_gid(struct ibv_context *ctx, const char *ibdev_path, const char 
             if (present[i] && gid_nonzero(gids[i]))
                 idx = i;
         if (idx >= 0)
-            BRAID_INFO("verbs: %s port %d has no RoCE v2 GID; using GID index %d (RoCE v1: not routable)", name,
-                       port, idx);
+            BRAID_INFO("verbs: %s port %d has no RoCE v2 GID; using GID index %d (RoCE v1: not routable)", name, port,
+                       idx);
     }
     if (idx < 0) {
         add_reason(why, cap, "%s port %d has no usable GID (no IP address on its netdev?)", name, port);
@@ -134,6 +134,28 @@ static int pick_gid(struct ibv_context *ctx, const char *ibdev_path, const char 
     }
     memcpy(out->raw, gids[idx], 16);
     return idx;
+}
+
+/* "DOWN" rather than ibv_port_state_str's "PORT_DOWN": reads as a sentence
+ * in "port 1 of mlx5_0 is DOWN". */
+static const char *port_state_name(enum ibv_port_state st)
+{
+    switch (st) {
+    case IBV_PORT_NOP:
+        return "NOP";
+    case IBV_PORT_DOWN:
+        return "DOWN";
+    case IBV_PORT_INIT:
+        return "INIT (no subnet manager yet?)";
+    case IBV_PORT_ARMED:
+        return "ARMED";
+    case IBV_PORT_ACTIVE:
+        return "ACTIVE";
+    case IBV_PORT_ACTIVE_DEFER:
+        return "ACTIVE_DEFER";
+    default:
+        return "in an unknown state";
+    }
 }
 
 static int try_port(struct ibv_context *ctx, const char *ibdev_path, const char *name, int port, found_port *f,
@@ -145,7 +167,7 @@ static int try_port(struct ibv_context *ctx, const char *ibdev_path, const char 
         return -1;
     }
     if (pa.state != IBV_PORT_ACTIVE) {
-        add_reason(why, cap, "port %d of %s is %s", port, name, ibv_port_state_str(pa.state));
+        add_reason(why, cap, "port %d of %s is %s", port, name, port_state_name(pa.state));
         return -1;
     }
     f->gid_index = -1;
@@ -294,6 +316,22 @@ static void cache_dereg(void *ctx, void *mr)
         BRAID_WARN("verbs: ibv_dereg_mr failed: %m");
 }
 
+/* Training processes fork (data-loader workers). On kernels that do not
+ * keep pinned pages with their owner across fork, a parent touching a
+ * registered page after fork gets a copy the HCA never sees; ibv_fork_init
+ * marks registrations MADV_DONTFORK to prevent that. It must run before the
+ * first registration, so it runs here, once. */
+static void fork_safety(int rank)
+{
+#ifdef BRAID_VERBS_HAVE_FORK_STATUS
+    if (ibv_is_fork_initialized() != IBV_FORK_DISABLED)
+        return; /* the kernel handles it, or someone already asked */
+#endif
+    int err = ibv_fork_init();
+    if (err)
+        BRAID_INFO("rank %d: verbs: ibv_fork_init: %s (fork after init may corrupt RDMA buffers)", rank, strerror(err));
+}
+
 static braid_status dev_open(int rank, braid_verbs_dev **out)
 {
     braid_verbs_dev *dev = calloc(1, sizeof(*dev));
@@ -301,6 +339,7 @@ static braid_status dev_open(int rank, braid_verbs_dev **out)
         return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for the RDMA device", rank);
     found_port f;
     char why[512];
+    fork_safety(rank);
     braid_status st = discover(&f, why, sizeof(why));
     if (st != BRAID_OK) {
         free(dev);
@@ -342,8 +381,8 @@ static braid_status dev_open(int rank, braid_verbs_dev **out)
     char gid_text[64] = "none";
     if (dev->gid_index >= 0) {
         const uint8_t *g = dev->gid.raw;
-        snprintf(gid_text, sizeof(gid_text), "%d (%02x%02x:%02x%02x:...:%02x%02x:%02x%02x)", dev->gid_index, g[0],
-                 g[1], g[2], g[3], g[12], g[13], g[14], g[15]);
+        snprintf(gid_text, sizeof(gid_text), "%d (%02x%02x:%02x%02x:...:%02x%02x:%02x%02x)", dev->gid_index, g[0], g[1],
+                 g[2], g[3], g[12], g[13], g[14], g[15]);
     }
     BRAID_INFO("rank %d: verbs device %s port %u, %s, mtu %u, lid %u, gid index %s", rank, dev->name, dev->port,
                dev->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand",

@@ -18,19 +18,19 @@ typedef struct braid_verbs_dev {
     struct ibv_device_attr attr;
     char name[64];
     uint8_t port;
-    uint8_t link_layer;     /* IBV_LINK_LAYER_INFINIBAND or _ETHERNET */
-    enum ibv_mtu mtu;       /* the port's active MTU */
+    uint8_t link_layer; /* IBV_LINK_LAYER_INFINIBAND or _ETHERNET */
+    enum ibv_mtu mtu;   /* the port's active MTU */
     uint16_t lid;
-    int gid_index;          /* -1: no GRH (InfiniBand inside one subnet) */
+    int gid_index; /* -1: no GRH (InfiniBand inside one subnet) */
     union ibv_gid gid;
 
     /* Guards refs and the cache: connections on different threads share
      * them. */
     pthread_mutex_t mu;
     int refs;
-    pid_t pid;              /* a forked child must not use its parent's context */
+    pid_t pid; /* a forked child must not use its parent's context */
     braid_verbs_regcache cache;
-    int implicit_reg;       /* BRAID_IB_REGCACHE=1: register send buffers on demand */
+    int implicit_reg; /* BRAID_IB_REGCACHE=1: register send buffers on demand */
 } braid_verbs_dev;
 
 /* Is a usable device and port there? Opens and closes it; on failure the

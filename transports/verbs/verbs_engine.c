@@ -37,8 +37,7 @@ static braid_req *dequeue(braid_req **head, braid_req **tail)
     return req;
 }
 
-braid_status braid_verbs_engine_init(braid_verbs_engine *e, const braid_verbs_engine_cfg *cfg,
-                                     const braid_verbs_io *io)
+braid_status braid_verbs_engine_init(braid_verbs_engine *e, const braid_verbs_engine_cfg *cfg, const braid_verbs_io *io)
 {
     if (cfg->rx_slots < 1 || cfg->rx_slots > BRAID_VERBS_MAX_SLOTS || cfg->tx_slots < 1 ||
         cfg->tx_slots > BRAID_VERBS_MAX_SLOTS || cfg->tx_window < 1 || cfg->tx_window > cfg->tx_slots ||
@@ -48,8 +47,8 @@ braid_status braid_verbs_engine_init(braid_verbs_engine *e, const braid_verbs_en
         return braid__error(BRAID_ERR_INVALID_ARG,
                             "rank %d: verbs connection to peer %d: bad ring geometry (%u x %u receive, %u x %u send, "
                             "window %u)",
-                            cfg->rank, cfg->peer, cfg->rx_slots, cfg->rx_slot_bytes, cfg->tx_slots,
-                            cfg->tx_slot_bytes, cfg->tx_window);
+                            cfg->rank, cfg->peer, cfg->rx_slots, cfg->rx_slot_bytes, cfg->tx_slots, cfg->tx_slot_bytes,
+                            cfg->tx_window);
     memset(e, 0, sizeof(*e));
     e->cfg = *cfg;
     e->io = *io;
@@ -89,8 +88,8 @@ braid_status braid_verbs_engine_fail(braid_verbs_engine *e, braid_status status,
     va_start(ap, fmt);
     vsnprintf(cause, sizeof(cause), fmt, ap);
     va_end(ap);
-    snprintf(e->error_text, sizeof(e->error_text), "rank %d: verbs connection to peer %d: %s", e->cfg.rank,
-             e->cfg.peer, cause);
+    snprintf(e->error_text, sizeof(e->error_text), "rank %d: verbs connection to peer %d: %s", e->cfg.rank, e->cfg.peer,
+             cause);
     e->error = status;
     /* Forget every request: after a failure their owners may unwind and
      * free them, and nothing here may look at them again. */
@@ -149,8 +148,7 @@ braid_status braid_verbs_engine_on_send(braid_verbs_engine *e, uint64_t wr_id)
         uint64_t want = e->tx.completed & ((1ull << 56) - 1);
         if ((wr_id & ((1ull << 56) - 1)) != want || braid_verbs_tx_complete(&e->tx) != BRAID_OK)
             return braid_verbs_engine_fail(e, BRAID_ERR_INTERNAL, "completion of chunk %llu, expected chunk %llu",
-                                           (unsigned long long)(wr_id & ((1ull << 56) - 1)),
-                                           (unsigned long long)want);
+                                           (unsigned long long)(wr_id & ((1ull << 56) - 1)), (unsigned long long)want);
         return BRAID_OK;
     }
     case BRAID_VERBS_WR_CREDIT:
@@ -185,8 +183,7 @@ braid_status braid_verbs_engine_on_recv(braid_verbs_engine *e, uint32_t imm, uin
     switch (d.kind) {
     case BRAID_VERBS_IMM_DATA:
         if (byte_len != d.len)
-            return braid_verbs_engine_fail(e, BRAID_ERR_PEER, "peer wrote %u bytes but announced %u", byte_len,
-                                           d.len);
+            return braid_verbs_engine_fail(e, BRAID_ERR_PEER, "peer wrote %u bytes but announced %u", byte_len, d.len);
         if (braid_verbs_rx_arrive(&e->rx, d.slot, why, sizeof(why)) != BRAID_OK)
             return braid_verbs_engine_fail(e, BRAID_ERR_PEER, "peer broke the ring protocol: %s", why);
         e->rx_len[d.slot] = d.len;
@@ -205,18 +202,24 @@ braid_status braid_verbs_engine_on_recv(braid_verbs_engine *e, uint32_t imm, uin
     return BRAID_OK;
 }
 
+static void finish_sends(braid_verbs_engine *e, int *moved);
+
 braid_status braid_verbs_engine_on_error(braid_verbs_engine *e, uint64_t wr_id, const char *cause)
 {
     if (e->error != BRAID_OK)
         return e->error;
     /* After the peer's goodbye its queue pair may be gone, so a late
      * credit failing is no loss; a zero-copy send still waiting for its
-     * completion, though, can now never finish. */
-    if (e->peer_closed && !e->sent_head)
-        return BRAID_OK;
+     * completion, though, can now never finish. Sends whose completions
+     * came in this same batch are finished first, so they do not count. */
+    if (e->peer_closed) {
+        int moved;
+        finish_sends(e, &moved);
+        if (!e->sent_head)
+            return BRAID_OK;
+    }
     static const char *const kinds[] = {"RDMA write", "credit message", "close message", "receive"};
-    return braid_verbs_engine_fail(e, BRAID_ERR_PEER, "%s failed: %s", kinds[BRAID_VERBS_WR_KIND(wr_id) & 3],
-                                   cause);
+    return braid_verbs_engine_fail(e, BRAID_ERR_PEER, "%s failed: %s", kinds[BRAID_VERBS_WR_KIND(wr_id) & 3], cause);
 }
 
 /* Copy arrived chunks into the oldest receives. */

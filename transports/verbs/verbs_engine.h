@@ -53,14 +53,14 @@ typedef struct {
 } braid_verbs_io;
 
 typedef struct {
-    int rank, peer;            /* for error messages */
-    uint8_t *rx_ring;          /* our ring: rx_slots x rx_slot_bytes */
+    int rank, peer;   /* for error messages */
+    uint8_t *rx_ring; /* our ring: rx_slots x rx_slot_bytes */
     uint32_t rx_slots, rx_slot_bytes;
     uint32_t tx_slots, tx_slot_bytes; /* the peer's ring */
-    uint32_t tx_window;        /* 1..tx_slots */
-    uint8_t *tx_stage;         /* tx_window x tx_slot_bytes, registered */
+    uint32_t tx_window;               /* 1..tx_slots */
+    uint8_t *tx_stage;                /* tx_window x tx_slot_bytes, registered */
     uint32_t tx_stage_lkey;
-    size_t zcopy_min;          /* sends of at least this many bytes try zero copy; 0: never */
+    size_t zcopy_min; /* sends of at least this many bytes try zero copy; 0: never */
 } braid_verbs_engine_cfg;
 
 typedef struct {
@@ -77,7 +77,7 @@ typedef struct {
 
     /* Zero-copy registrations in use: the head send's, then those of fully
      * posted sends until their last chunk completes. */
-    int head_mode;                    /* 0 undecided, 1 staged, 2 zero copy */
+    int head_mode; /* 0 undecided, 1 staged, 2 zero copy */
     uint32_t head_lkey;
     void *head_token;
     struct {
@@ -89,7 +89,7 @@ typedef struct {
     uint32_t ctrl_inflight;
     int close_posted, close_done, peer_closed;
 
-    braid_status error;               /* sticky */
+    braid_status error; /* sticky */
     char error_text[384];
 } braid_verbs_engine;
 

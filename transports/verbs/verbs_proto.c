@@ -45,8 +45,8 @@ uint32_t braid_verbs_imm_close(void)
     return (uint32_t)BRAID_VERBS_IMM_CLOSE << IMM_KIND_SHIFT;
 }
 
-braid_status braid_verbs_imm_decode(uint32_t imm, uint32_t nslots, uint32_t slot_bytes, braid_verbs_imm *out,
-                                    char *why, size_t why_len)
+braid_status braid_verbs_imm_decode(uint32_t imm, uint32_t nslots, uint32_t slot_bytes, braid_verbs_imm *out, char *why,
+                                    size_t why_len)
 {
     braid_verbs_imm d = {0};
     uint32_t kind = imm >> IMM_KIND_SHIFT;
@@ -59,11 +59,10 @@ braid_status braid_verbs_imm_decode(uint32_t imm, uint32_t nslots, uint32_t slot
         if (d.slot >= nslots)
             return reject(why, why_len, "immediate 0x%08x names slot %u of a %u-slot ring", imm, d.slot, nslots);
         if (d.len > slot_bytes)
-            return reject(why, why_len, "immediate 0x%08x carries %u bytes into %u-byte slots", imm, d.len,
-                          slot_bytes);
+            return reject(why, why_len, "immediate 0x%08x carries %u bytes into %u-byte slots", imm, d.len, slot_bytes);
         if (!d.last && d.len != slot_bytes)
-            return reject(why, why_len, "immediate 0x%08x: a non-final chunk of %u bytes (slots hold %u)", imm,
-                          d.len, slot_bytes);
+            return reject(why, why_len, "immediate 0x%08x: a non-final chunk of %u bytes (slots hold %u)", imm, d.len,
+                          slot_bytes);
         break;
     case BRAID_VERBS_IMM_CREDIT:
         d.kind = BRAID_VERBS_IMM_CREDIT;
@@ -148,8 +147,8 @@ braid_status braid_verbs_rx_arrive(braid_verbs_rx *rx, uint32_t slot, char *why,
 {
     uint32_t want = (uint32_t)(rx->arrived % rx->nslots);
     if (slot != want)
-        return reject(why, why_len, "chunk %llu landed in slot %u, expected slot %u",
-                      (unsigned long long)rx->arrived, slot, want);
+        return reject(why, why_len, "chunk %llu landed in slot %u, expected slot %u", (unsigned long long)rx->arrived,
+                      slot, want);
     if (rx->arrived - rx->returned >= rx->nslots)
         return reject(why, why_len, "chunk %llu overran the %u-slot window (only %llu returned)",
                       (unsigned long long)rx->arrived, rx->nslots, (unsigned long long)rx->returned);
@@ -244,8 +243,7 @@ void braid_verbs_info_encode(const braid_verbs_info *info, uint8_t out[BRAID_VER
     put32(out + 56, (uint32_t)info->rank);
 }
 
-braid_status braid_verbs_info_decode(const uint8_t *buf, size_t len, braid_verbs_info *info, char *why,
-                                     size_t why_len)
+braid_status braid_verbs_info_decode(const uint8_t *buf, size_t len, braid_verbs_info *info, char *why, size_t why_len)
 {
     if (len != BRAID_VERBS_INFO_BYTES)
         return reject(why, why_len, "set-up message of %zu bytes, expected %d", len, BRAID_VERBS_INFO_BYTES);
@@ -306,8 +304,7 @@ uint32_t braid_verbs_mtu_bytes(uint8_t mtu)
 
 /* ---- device selection ---------------------------------------------------- */
 
-braid_status braid_verbs_hca_parse(const char *spec, braid_verbs_hca *out, int max, int *n, char *why,
-                                   size_t why_len)
+braid_status braid_verbs_hca_parse(const char *spec, braid_verbs_hca *out, int max, int *n, char *why, size_t why_len)
 {
     int count = 0;
     const char *p = spec;

@@ -28,9 +28,9 @@
 
 #include "braid.h"
 
-#define BRAID_VERBS_MAX_SLOTS 256u              /* 8 slot bits */
+#define BRAID_VERBS_MAX_SLOTS 256u /* 8 slot bits */
 #define BRAID_VERBS_MIN_SLOT_BYTES 4096u
-#define BRAID_VERBS_MAX_SLOT_BYTES (1u << 20)   /* fits the 21 length bits */
+#define BRAID_VERBS_MAX_SLOT_BYTES (1u << 20) /* fits the 21 length bits */
 
 typedef enum {
     BRAID_VERBS_IMM_DATA = 0,
@@ -57,8 +57,8 @@ uint32_t braid_verbs_imm_close(void);
  * is not full (chunking is deterministic, so the sender cannot mean it), a
  * zero or oversized credit and a close with payload bits. On rejection
  * writes the reason into why and returns BRAID_ERR_PEER. */
-braid_status braid_verbs_imm_decode(uint32_t imm, uint32_t nslots, uint32_t slot_bytes, braid_verbs_imm *out,
-                                    char *why, size_t why_len);
+braid_status braid_verbs_imm_decode(uint32_t imm, uint32_t nslots, uint32_t slot_bytes, braid_verbs_imm *out, char *why,
+                                    size_t why_len);
 
 /* ---- chunking ------------------------------------------------------------ */
 
@@ -96,11 +96,11 @@ braid_status braid_verbs_tx_complete(braid_verbs_tx *tx);
  * sender's `credited` can only trail it, so arrived - returned < nslots is
  * exactly the condition that the sender respected the window. */
 typedef struct {
-    uint64_t arrived;   /* chunks written into the ring */
-    uint64_t consumed;  /* chunks copied out */
-    uint64_t returned;  /* credits sent back */
+    uint64_t arrived;  /* chunks written into the ring */
+    uint64_t consumed; /* chunks copied out */
+    uint64_t returned; /* credits sent back */
     uint32_t nslots;
-    uint32_t batch;     /* return credits in groups of this many... */
+    uint32_t batch; /* return credits in groups of this many... */
 } braid_verbs_rx;
 
 void braid_verbs_rx_init(braid_verbs_rx *rx, uint32_t nslots);
@@ -130,8 +130,8 @@ void braid_verbs_rx_returned(braid_verbs_rx *rx, uint32_t n);
 #define BRAID_VERBS_INFO_GID_VALID 1u
 
 typedef struct {
-    uint8_t link_layer;  /* BRAID_VERBS_LINK_* */
-    uint8_t mtu;         /* ibv_mtu value: 1 (256) .. 5 (4096) */
+    uint8_t link_layer; /* BRAID_VERBS_LINK_* */
+    uint8_t mtu;        /* ibv_mtu value: 1 (256) .. 5 (4096) */
     uint32_t qpn;
     uint32_t psn;
     uint16_t lid;
@@ -148,8 +148,7 @@ void braid_verbs_info_encode(const braid_verbs_info *info, uint8_t out[BRAID_VER
 /* Decode exactly BRAID_VERBS_INFO_BYTES; BRAID_ERR_PEER with the reason in
  * why for a bad magic, version, link layer, MTU, QP number, PSN, ring
  * geometry, null ring, negative rank or non-zero reserved bits. */
-braid_status braid_verbs_info_decode(const uint8_t *buf, size_t len, braid_verbs_info *info, char *why,
-                                     size_t why_len);
+braid_status braid_verbs_info_decode(const uint8_t *buf, size_t len, braid_verbs_info *info, char *why, size_t why_len);
 
 /* Bytes of an ibv_mtu value (1..5), 0 when out of range. */
 uint32_t braid_verbs_mtu_bytes(uint8_t mtu);
@@ -168,8 +167,7 @@ typedef struct {
 /* Parse spec into at most max entries; BRAID_ERR_INVALID_ARG with the
  * reason in why on an empty entry, a name too long, or a port that is not
  * an integer in 1..255. */
-braid_status braid_verbs_hca_parse(const char *spec, braid_verbs_hca *out, int max, int *n, char *why,
-                                   size_t why_len);
+braid_status braid_verbs_hca_parse(const char *spec, braid_verbs_hca *out, int max, int *n, char *why, size_t why_len);
 
 /* GID table entry types, as ibv_query_gid_ex or sysfs report them. */
 typedef enum {

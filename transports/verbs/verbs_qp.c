@@ -20,8 +20,8 @@ static int knob(const char *name, int def, int lo, int hi)
     return (int)v;
 }
 
-braid_status braid__verbs_qp_create(braid_verbs_dev *dev, struct ibv_cq *cq, uint32_t sq_depth,
-                                    uint32_t rq_depth, int rank, int peer, struct ibv_qp **out)
+braid_status braid__verbs_qp_create(braid_verbs_dev *dev, struct ibv_cq *cq, uint32_t sq_depth, uint32_t rq_depth,
+                                    int rank, int peer, struct ibv_qp **out)
 {
     struct ibv_qp_init_attr ia = {
         .send_cq = cq,
@@ -32,8 +32,8 @@ braid_status braid__verbs_qp_create(braid_verbs_dev *dev, struct ibv_cq *cq, uin
     };
     struct ibv_qp *qp = ibv_create_qp(dev->pd, &ia);
     if (!qp)
-        return braid__error(BRAID_ERR_SYSTEM, "rank %d: peer %d: ibv_create_qp on %s (%u send, %u receive): %m",
-                            rank, peer, dev->name, sq_depth, rq_depth);
+        return braid__error(BRAID_ERR_SYSTEM, "rank %d: peer %d: ibv_create_qp on %s (%u send, %u receive): %m", rank,
+                            peer, dev->name, sq_depth, rq_depth);
     struct ibv_qp_attr a = {
         .qp_state = IBV_QPS_INIT,
         .pkey_index = 0,
@@ -65,12 +65,13 @@ braid_status braid__verbs_qp_connect(struct ibv_qp *qp, braid_verbs_dev *dev, co
         /* 12 = 0.64 ms: receives are reposted as completions are polled, so
          * an RNR NAK means a briefly busy receiver, not a lost one. */
         .min_rnr_timer = 12,
-        .ah_attr = {
-            .dlid = remote->lid,
-            .sl = (uint8_t)knob("BRAID_IB_SL", 0, 0, 15),
-            .src_path_bits = 0,
-            .port_num = dev->port,
-        },
+        .ah_attr =
+            {
+                .dlid = remote->lid,
+                .sl = (uint8_t)knob("BRAID_IB_SL", 0, 0, 15),
+                .src_path_bits = 0,
+                .port_num = dev->port,
+            },
     };
     if (dev->gid_index >= 0 && (remote->flags & BRAID_VERBS_INFO_GID_VALID)) {
         a.ah_attr.is_global = 1;
@@ -87,9 +88,8 @@ braid_status braid__verbs_qp_connect(struct ibv_qp *qp, braid_verbs_dev *dev, co
                                 IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
     if (err)
         return braid__error(BRAID_ERR_SYSTEM,
-                            "rank %d: peer %d: queue pair to RTR (remote qpn %u, lid %u, mtu %u) on %s: %s", rank,
-                            peer, remote->qpn, remote->lid, braid_verbs_mtu_bytes((uint8_t)mtu), dev->name,
-                            strerror(err));
+                            "rank %d: peer %d: queue pair to RTR (remote qpn %u, lid %u, mtu %u) on %s: %s", rank, peer,
+                            remote->qpn, remote->lid, braid_verbs_mtu_bytes((uint8_t)mtu), dev->name, strerror(err));
 
     struct ibv_qp_attr r = {
         .qp_state = IBV_QPS_RTS,
@@ -105,8 +105,8 @@ braid_status braid__verbs_qp_connect(struct ibv_qp *qp, braid_verbs_dev *dev, co
                         IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
                             IBV_QP_MAX_QP_RD_ATOMIC);
     if (err)
-        return braid__error(BRAID_ERR_SYSTEM, "rank %d: peer %d: queue pair to RTS on %s: %s", rank, peer,
-                            dev->name, strerror(err));
+        return braid__error(BRAID_ERR_SYSTEM, "rank %d: peer %d: queue pair to RTS on %s: %s", rank, peer, dev->name,
+                            strerror(err));
     return BRAID_OK;
 }
 

@@ -11,8 +11,8 @@
 #include "verbs_proto.h"
 
 /* RC queue pair on cq (send and receive), in INIT, ready for receives. */
-braid_status braid__verbs_qp_create(braid_verbs_dev *dev, struct ibv_cq *cq, uint32_t sq_depth,
-                                    uint32_t rq_depth, int rank, int peer, struct ibv_qp **qp);
+braid_status braid__verbs_qp_create(braid_verbs_dev *dev, struct ibv_cq *cq, uint32_t sq_depth, uint32_t rq_depth,
+                                    int rank, int peer, struct ibv_qp **qp);
 
 /* Connect to the peer described by remote: RTR with the smaller of both
  * MTUs, then RTS with our PSN. */

@@ -25,7 +25,7 @@ typedef struct braid_verbs_region {
     void *mr;             /* what reg() returned */
     uint32_t lkey;
     int refs;
-    int indexed;          /* findable; 0 once retired */
+    int indexed; /* findable; 0 once retired */
     struct braid_verbs_region *lru_prev, *lru_next;
 } braid_verbs_region;
 
@@ -34,8 +34,8 @@ typedef struct {
     int (*reg)(void *ctx, void *addr, size_t len, void **mr, uint32_t *lkey);
     void (*dereg)(void *ctx, void *mr);
     void *ctx;
-    size_t page_bytes;   /* power of two */
-    size_t max_regions;  /* >= 1 */
+    size_t page_bytes;  /* power of two */
+    size_t max_regions; /* >= 1 */
     size_t max_bytes;
 } braid_verbs_regcache_cfg;
 
@@ -47,7 +47,7 @@ typedef struct {
     braid_verbs_regcache_cfg cfg;
     braid_verbs_region **index; /* sorted by start, non-overlapping */
     size_t count, cap;
-    size_t bytes;               /* sum over the index */
+    size_t bytes;                            /* sum over the index */
     braid_verbs_region *lru_head, *lru_tail; /* unreferenced indexed regions, oldest first */
     braid_verbs_regcache_stats stats;
 } braid_verbs_regcache;

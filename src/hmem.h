@@ -1,0 +1,59 @@
+/* Memory-type layer: which buffers live on a CUDA device, and how a
+ * collective on device buffers is staged through pinned host memory and
+ * ordered against the caller's CUDA stream (docs/CUDA.md).
+ *
+ * Two implementations with one interface, like cuda/braid_cuda.h:
+ * cuda/hmem_cuda.c when braid is built with CUDA, cuda/hmem_stub.c when it
+ * is not. Without CUDA no pointer is a device pointer, so the entry points
+ * reduce to braid__work_submit() and the CPU path is exactly as before. */
+#ifndef BRAID_HMEM_H
+#define BRAID_HMEM_H
+
+#include "pg.h"
+
+/* Staging piece: a device collective larger than this runs as consecutive
+ * host collectives of this many bytes (whole elements), so that copying
+ * piece k+1 down and piece k-1 back overlaps the ring on piece k. Every
+ * rank must use the same value, hence a constant. */
+#define BRAID_HMEM_PIECE_BYTES (4u << 20)
+
+/* 1 when p is CUDA device (or managed) memory, else 0. Always 0 when CUDA
+ * is not built or no device is usable. */
+int braid__mem_is_device(const void *p);
+
+/* Entry point for allreduce and broadcast (pg.c), after argument checks:
+ * host buffers with no stream go straight to braid__work_submit(); device
+ * buffers get a staging job ordered after the work already on cuda_stream
+ * (and, for work != NULL, cuda_stream is made to wait for the result). */
+braid_status braid__hmem_submit(braid_pg *pg, const braid_coll *coll, void *cuda_stream, braid_work **work);
+
+/* Run a staging job (coll->hmem != NULL) on the executor: copies down,
+ * runs the host algorithm per piece through braid__coll_run(), copies
+ * back, and releases the caller's stream. Called by braid__coll_run(). */
+braid_status braid__hmem_coll_run(braid_pg *pg, braid_coll *coll);
+
+/* Drop the job's staging state; a job that never ran still releases the
+ * caller's stream here (its data is left as it was). Idempotent. */
+void braid__hmem_coll_release(braid_coll *coll);
+
+/* Free the group's pinned buffers, streams and events (group teardown,
+ * after the executor stopped). */
+void braid__hmem_pg_release(braid_pg *pg);
+
+/* ---- pure staging schedule, shared by both builds and unit-tested ---- */
+
+/* Pieces a device collective of count elements of esize bytes runs as:
+ * piece i covers elements [i * per, min(count, (i + 1) * per)). */
+static inline size_t braid__hmem_piece_elems(size_t esize)
+{
+    size_t per = BRAID_HMEM_PIECE_BYTES / esize;
+    return per ? per : 1;
+}
+
+static inline size_t braid__hmem_piece_count(size_t count, size_t esize)
+{
+    size_t per = braid__hmem_piece_elems(esize);
+    return count == 0 ? 0 : (count + per - 1) / per;
+}
+
+#endif

@@ -1,0 +1,435 @@
+/* Communicators: one braid process group each.
+ *
+ * ncclCommInitRank blocks until every rank has joined, as in NCCL. Inside
+ * a group the join is deferred to ncclGroupEnd, which runs all of the
+ * group's joins at once (one thread each): that is how one thread creates
+ * several communicators of one clique (ncclCommInitAll is exactly that, as
+ * in NCCL). ncclCommSplit rendezvouses over the parent communicator. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "nccl_internal.h"
+
+_Static_assert(sizeof(ncclUniqueId) == sizeof(braid_unique_id_t), "ncclUniqueId carries a braid unique id");
+
+NCCL_API ncclResult_t ncclGetVersion(int *version)
+{
+    if (!version)
+        return nccl__fail(ncclInvalidArgument, "ncclGetVersion: version is NULL");
+    *version = NCCL_VERSION_CODE;
+    return ncclSuccess;
+}
+
+NCCL_API ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId)
+{
+    if (!uniqueId)
+        return nccl__fail(ncclInvalidArgument, "ncclGetUniqueId: uniqueId is NULL");
+    braid_unique_id_t id;
+    braid_status st = braid_unique_id(&id);
+    if (st != BRAID_OK)
+        return nccl__from_braid(st, "ncclGetUniqueId");
+    memcpy(uniqueId, &id, sizeof(id));
+    return ncclSuccess;
+}
+
+static void comm_free(ncclComm_t comm)
+{
+    pthread_mutex_destroy(&comm->mu);
+    free(comm->redops);
+    free(comm);
+}
+
+/* netName picks braid's transport: NCCL's socket and IB networks. */
+static ncclResult_t apply_config(ncclComm_t comm, const ncclConfig_t *config, const char *call)
+{
+    braid_config cfg = BRAID_CONFIG_INIT;
+    comm->cfg = cfg;
+    comm->transports[0] = '\0';
+    if (!config)
+        return ncclSuccess;
+    if (config->magic != 0xcafebeefu || config->size < offsetof(ncclConfig_t, netName) + sizeof(const char *))
+        return nccl__fail(ncclInvalidArgument, "%s: config was not initialised with NCCL_CONFIG_INITIALIZER", call);
+    if (config->blocking != NCCL_CONFIG_UNDEF_INT && config->blocking != 0 && config->blocking != 1)
+        return nccl__fail(ncclInvalidArgument, "%s: config.blocking must be 0 or 1, not %d", call, config->blocking);
+    const char *net = config->netName;
+    if (net && strcmp(net, "Socket") && strcmp(net, "IB"))
+        return nccl__fail(ncclInvalidArgument,
+                          "%s: config.netName \"%s\" unknown: braid offers \"Socket\" (tcp) "
+                          "and \"IB\" (verbs)",
+                          call, net);
+    if (net) {
+        snprintf(comm->transports, sizeof(comm->transports), "%s", strcmp(net, "IB") ? "tcp" : "verbs");
+        comm->cfg.transports = comm->transports;
+    }
+    return ncclSuccess;
+}
+
+ncclResult_t nccl__comm_init_run(ncclComm_t comm)
+{
+    braid_pg *pg;
+    braid_status st = braid_pg_init(&pg, comm->rank, comm->nranks, (const braid_unique_id_t *)&comm->id, &comm->cfg);
+    if (st != BRAID_OK) {
+        comm->init_result = nccl__from_braid(st, "ncclCommInitRank");
+        snprintf(comm->init_error, sizeof(comm->init_error), "%s", ncclGetLastError(NULL));
+        return comm->init_result;
+    }
+    comm->pg = pg;
+    comm->init_result = ncclSuccess;
+    return ncclSuccess;
+}
+
+static void *init_main(void *arg)
+{
+    nccl__comm_init_run(arg);
+    return NULL;
+}
+
+ncclResult_t nccl__comm_init_run_all(ncclComm_t *comms, int n)
+{
+    if (n == 1)
+        return nccl__comm_init_run(comms[0]);
+    pthread_t *threads = calloc((size_t)n, sizeof(*threads));
+    if (!threads)
+        return nccl__fail(ncclSystemError, "ncclGroupEnd: out of memory for %d communicator inits", n);
+    int started = 0;
+    ncclResult_t r = ncclSuccess;
+    for (; started < n; started++) {
+        if (pthread_create(&threads[started], NULL, init_main, comms[started]) != 0) {
+            r = nccl__fail(ncclSystemError, "ncclGroupEnd: cannot start a thread for communicator init %d of %d",
+                           started, n);
+            break;
+        }
+    }
+    for (int i = 0; i < started; i++)
+        pthread_join(threads[i], NULL);
+    free(threads);
+    for (int i = started; i < n; i++)
+        comms[i]->init_result = r; /* never started: the clique cannot form */
+    if (r != ncclSuccess)
+        return r;
+    for (int i = 0; i < n; i++)
+        if (comms[i]->init_result != ncclSuccess)
+            return nccl__fail(comms[i]->init_result, "%s", comms[i]->init_error);
+    return ncclSuccess;
+}
+
+static ncclResult_t comm_init(ncclComm_t *out, int nranks, const ncclUniqueId *id, int rank, const ncclConfig_t *config,
+                              const braid_config *inherit, const char *call)
+{
+    if (!out)
+        return nccl__fail(ncclInvalidArgument, "%s: comm is NULL", call);
+    if (nranks < 1 || rank < 0 || rank >= nranks)
+        return nccl__fail(ncclInvalidArgument, "%s: rank %d / nranks %d out of range", call, rank, nranks);
+    ncclComm_t comm = calloc(1, sizeof(*comm));
+    if (!comm)
+        return nccl__fail(ncclSystemError, "%s: out of memory", call);
+    pthread_mutex_init(&comm->mu, NULL);
+    comm->rank = rank;
+    comm->nranks = nranks;
+    comm->cuda_dev = nccl__current_device();
+    comm->id = *id;
+    ncclResult_t r = apply_config(comm, config, call);
+    if (r == ncclSuccess && !config && inherit) {
+        comm->cfg = *inherit;
+        if (inherit->transports) {
+            snprintf(comm->transports, sizeof(comm->transports), "%s", inherit->transports);
+            comm->cfg.transports = comm->transports;
+        }
+    }
+    if (r != ncclSuccess) {
+        comm_free(comm);
+        return r;
+    }
+    if (nccl__group_active()) {
+        comm->init_result = ncclInProgress;
+        snprintf(comm->init_error, sizeof(comm->init_error), "%s: communicator of rank %d is created at ncclGroupEnd",
+                 call, rank);
+        if ((r = nccl__group_defer_init(comm)) != ncclSuccess) {
+            comm_free(comm);
+            return r;
+        }
+        *out = comm;
+        return ncclSuccess;
+    }
+    if ((r = nccl__comm_init_run(comm)) != ncclSuccess) {
+        comm_free(comm);
+        return r;
+    }
+    *out = comm;
+    return ncclSuccess;
+}
+
+NCCL_API ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
+                                             ncclConfig_t *config)
+{
+    return comm_init(comm, nranks, &commId, rank, config, NULL, "ncclCommInitRankConfig");
+}
+
+NCCL_API ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank)
+{
+    return comm_init(comm, nranks, &commId, rank, NULL, NULL, "ncclCommInitRank");
+}
+
+NCCL_API ncclResult_t ncclCommInitAll(ncclComm_t *comm, int ndev, const int *devlist)
+{
+    if (!comm || ndev < 1)
+        return nccl__fail(ncclInvalidArgument, "ncclCommInitAll: %s", !comm ? "comm is NULL" : "ndev must be >= 1");
+    ncclUniqueId id;
+    ncclResult_t r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess)
+        return r;
+    for (int i = 0; i < ndev; i++)
+        comm[i] = NULL;
+    ncclGroupStart();
+    for (int i = 0; i < ndev && r == ncclSuccess; i++)
+        r = ncclCommInitRank(&comm[i], ndev, id, i);
+    ncclResult_t end = ncclGroupEnd();
+    if (r == ncclSuccess)
+        r = end;
+    for (int i = 0; i < ndev; i++) {
+        if (r != ncclSuccess && comm[i]) {
+            ncclCommDestroy(comm[i]);
+            comm[i] = NULL;
+        } else if (comm[i]) {
+            comm[i]->cuda_dev = devlist ? devlist[i] : i;
+        }
+    }
+    return r;
+}
+
+ncclResult_t nccl__comm_check(ncclComm_t comm, const char *call)
+{
+    if (!comm)
+        return nccl__fail(ncclInvalidArgument, "%s: comm is NULL", call);
+    if (comm->init_result == ncclInProgress)
+        return nccl__fail(ncclInvalidUsage, "%s: the communicator is created at ncclGroupEnd; use it after that", call);
+    if (comm->init_result != ncclSuccess)
+        return nccl__fail(ncclInvalidUsage, "%s: the communicator failed to initialise: %s", call, comm->init_error);
+    return ncclSuccess;
+}
+
+NCCL_API ncclResult_t ncclCommFinalize(ncclComm_t comm)
+{
+    ncclResult_t r = nccl__comm_check(comm, "ncclCommFinalize");
+    if (r != ncclSuccess)
+        return r;
+    /* Every operation completed before the call that issued it returned. */
+    comm->finalized = 1;
+    return ncclSuccess;
+}
+
+ncclResult_t nccl__comm_enter(ncclComm_t comm, const char *call)
+{
+    if (!comm)
+        return nccl__fail(ncclInvalidArgument, "%s: comm is NULL", call);
+    /* Count first, then look: an abort that raced past us waits for us. */
+    atomic_fetch_add(&comm->inflight, 1);
+    if (atomic_load(&comm->aborting)) {
+        atomic_fetch_sub(&comm->inflight, 1);
+        return nccl__fail(ncclInvalidUsage, "%s: the communicator is being aborted", call);
+    }
+    return ncclSuccess;
+}
+
+void nccl__comm_leave(ncclComm_t comm)
+{
+    atomic_fetch_sub(&comm->inflight, 1);
+}
+
+/* Stop new calls, make the running ones return (braid_pg_abort reaches
+ * every blocked wait), and wait for them to leave. */
+static void quiesce(ncclComm_t comm, int abort)
+{
+    atomic_store(&comm->aborting, 1);
+    if (abort && comm->pg)
+        braid_pg_abort(comm->pg);
+    struct timespec ms = {0, 1000000};
+    while (atomic_load(&comm->inflight) > 0)
+        nanosleep(&ms, NULL);
+}
+
+static ncclResult_t comm_release(ncclComm_t comm, int abort, const char *call)
+{
+    if (!comm)
+        return ncclSuccess;
+    if (comm->init_result == ncclInProgress)
+        return nccl__fail(ncclInvalidUsage, "%s: the communicator is still to be created at ncclGroupEnd", call);
+    quiesce(comm, abort);
+    if (comm->pg)
+        braid_pg_destroy(comm->pg);
+    comm_free(comm);
+    return ncclSuccess;
+}
+
+NCCL_API ncclResult_t ncclCommDestroy(ncclComm_t comm)
+{
+    return comm_release(comm, 0, "ncclCommDestroy");
+}
+
+NCCL_API ncclResult_t ncclCommAbort(ncclComm_t comm)
+{
+    return comm_release(comm, 1, "ncclCommAbort");
+}
+
+NCCL_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError)
+{
+    if (!comm || !asyncError)
+        return nccl__fail(ncclInvalidArgument, "ncclCommGetAsyncError: %s is NULL", !comm ? "comm" : "asyncError");
+    if (comm->init_result != ncclSuccess) {
+        *asyncError = comm->init_result;
+        return ncclSuccess;
+    }
+    *asyncError = nccl__result_of(braid_pg_error(comm->pg));
+    return ncclSuccess;
+}
+
+NCCL_API ncclResult_t ncclCommCount(const ncclComm_t comm, int *count)
+{
+    if (!comm || !count)
+        return nccl__fail(ncclInvalidArgument, "ncclCommCount: %s is NULL", !comm ? "comm" : "count");
+    *count = comm->nranks;
+    return ncclSuccess;
+}
+
+NCCL_API ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int *device)
+{
+    if (!comm || !device)
+        return nccl__fail(ncclInvalidArgument, "ncclCommCuDevice: %s is NULL", !comm ? "comm" : "device");
+    *device = comm->cuda_dev;
+    return ncclSuccess;
+}
+
+NCCL_API ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank)
+{
+    if (!comm || !rank)
+        return nccl__fail(ncclInvalidArgument, "ncclCommUserRank: %s is NULL", !comm ? "comm" : "rank");
+    *rank = comm->rank;
+    return ncclSuccess;
+}
+
+/* Registration lets NCCL map buffers for its GPU transports; braid's host
+ * path needs none, so the handle only remembers what was registered. */
+typedef struct {
+    ncclComm_t comm;
+    void *buff;
+    size_t size;
+} nccl_reg;
+
+NCCL_API ncclResult_t ncclCommRegister(const ncclComm_t comm, void *buff, size_t size, void **handle)
+{
+    ncclResult_t r = nccl__comm_check(comm, "ncclCommRegister");
+    if (r != ncclSuccess)
+        return r;
+    if (!handle)
+        return nccl__fail(ncclInvalidArgument, "ncclCommRegister: handle is NULL");
+    nccl_reg *reg = malloc(sizeof(*reg));
+    if (!reg)
+        return nccl__fail(ncclSystemError, "ncclCommRegister: out of memory");
+    *reg = (nccl_reg){comm, buff, size};
+    *handle = reg;
+    return ncclSuccess;
+}
+
+NCCL_API ncclResult_t ncclCommDeregister(const ncclComm_t comm, void *handle)
+{
+    nccl_reg *reg = handle;
+    if (!reg || reg->comm != comm)
+        return nccl__fail(ncclInvalidArgument, "ncclCommDeregister: handle was not registered on this communicator");
+    free(reg);
+    return ncclSuccess;
+}
+
+/* ---- split -------------------------------------------------------------- */
+
+typedef struct {
+    int color, key, rank;
+} split_entry;
+
+static int split_order(const void *a, const void *b)
+{
+    const split_entry *x = a, *y = b;
+    if (x->key != y->key)
+        return x->key < y->key ? -1 : 1;
+    return x->rank - y->rank;
+}
+
+static ncclResult_t comm_split(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config)
+{
+    const char *call = "ncclCommSplit";
+    ncclResult_t r = nccl__comm_check(comm, call);
+    if (r != ncclSuccess)
+        return r;
+    if (!newcomm)
+        return nccl__fail(ncclInvalidArgument, "%s: newcomm is NULL", call);
+    if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
+        return nccl__fail(ncclInvalidArgument, "%s: color %d is negative and not NCCL_SPLIT_NOCOLOR", call, color);
+    if (nccl__group_active())
+        return nccl__fail(ncclInvalidUsage, "%s: braid does not split inside a group: call it outside", call);
+    *newcomm = NULL;
+
+    int n = comm->nranks, mine[2] = {color, key};
+    int *all = malloc((size_t)n * 2 * sizeof(int));
+    split_entry *members = malloc((size_t)n * sizeof(*members));
+    if (!all || !members) {
+        free(all);
+        free(members);
+        return nccl__fail(ncclSystemError, "%s: out of memory", call);
+    }
+    braid_status st = braid_allgather(comm->pg, mine, all, 2, BRAID_I32, NULL, NULL);
+    if (st != BRAID_OK) {
+        r = nccl__from_braid(st, call);
+        goto out_free;
+    }
+    if (color == NCCL_SPLIT_NOCOLOR)
+        goto out_free; /* not a member of any new communicator */
+
+    int size = 0, newrank = -1;
+    for (int i = 0; i < n; i++)
+        if (all[2 * i] == color)
+            members[size++] = (split_entry){all[2 * i], all[2 * i + 1], i};
+    qsort(members, (size_t)size, sizeof(*members), split_order);
+    for (int i = 0; i < size; i++)
+        if (members[i].rank == comm->rank)
+            newrank = i;
+
+    /* The new rank 0 makes the id (its store listens in this process) and
+     * hands it to the other members over the parent. */
+    ncclUniqueId id;
+    if (newrank == 0) {
+        if ((r = ncclGetUniqueId(&id)) != ncclSuccess)
+            goto out_free;
+        st = braid_group_start(comm->pg);
+        if (st == BRAID_OK) {
+            for (int i = 1; i < size && st == BRAID_OK; i++)
+                st = braid_send(comm->pg, &id, sizeof(id), BRAID_U8, members[i].rank, NULL, NULL);
+            braid_status end = braid_group_end(comm->pg, NULL); /* also when recording failed */
+            st = st != BRAID_OK ? st : end;
+        }
+    } else {
+        st = braid_recv(comm->pg, &id, sizeof(id), BRAID_U8, members[0].rank, NULL, NULL);
+    }
+    if (st != BRAID_OK) {
+        r = nccl__from_braid(st, call);
+        goto out_free;
+    }
+    r = comm_init(newcomm, size, &id, newrank, config, &comm->cfg, call);
+    if (r == ncclSuccess)
+        (*newcomm)->cuda_dev = comm->cuda_dev;
+
+out_free:
+    free(all);
+    free(members);
+    return r;
+}
+
+NCCL_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config)
+{
+    ncclResult_t r = nccl__comm_enter(comm, "ncclCommSplit");
+    if (r != ncclSuccess)
+        return r;
+    r = comm_split(comm, color, key, newcomm, config);
+    nccl__comm_leave(comm);
+    return r;
+}

@@ -1,0 +1,226 @@
+/* Datatypes, operators and PreMulSum.
+ *
+ * braid has no unsigned 32/64-bit types. Moving them is moving bytes, and
+ * sum and product in two's complement are the same bits as unsigned
+ * arithmetic modulo 2^n, so those map onto the signed types; max, min and
+ * avg would compare or divide as signed and are refused instead.
+ *
+ * PreMulSum multiplies each rank's input by a scalar, then sums: the
+ * products go into a scaled copy (rounded once per element, to nearest
+ * even, using braid's own conversions so the bits match its engine) and
+ * the copy is summed. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "nccl_internal.h"
+#include "reduce/elementwise.h"
+
+static const char *dtype_name(ncclDataType_t t)
+{
+    static const char *const names[] = {"ncclInt8",   "ncclUint8",   "ncclInt32",   "ncclUint32",  "ncclInt64",
+                                        "ncclUint64", "ncclFloat16", "ncclFloat32", "ncclFloat64", "ncclBfloat16"};
+    return (unsigned)t < ncclNumTypes ? names[t] : "an invalid datatype";
+}
+
+static const char *op_name(ncclRedOp_t op)
+{
+    static const char *const names[] = {"ncclSum", "ncclProd", "ncclMax", "ncclMin", "ncclAvg"};
+    return (unsigned)op < ncclNumOps ? names[op] : "a PreMulSum operator";
+}
+
+ncclResult_t nccl__map_dtype(ncclDataType_t t, int reducing, ncclRedOp_t op, braid_dtype *out, const char *call)
+{
+    static const braid_dtype map[ncclNumTypes] = {
+        [ncclInt8] = BRAID_I8,     [ncclUint8] = BRAID_U8,      [ncclInt32] = BRAID_I32,   [ncclUint32] = BRAID_I32,
+        [ncclInt64] = BRAID_I64,   [ncclUint64] = BRAID_I64,    [ncclFloat16] = BRAID_F16, [ncclFloat32] = BRAID_F32,
+        [ncclFloat64] = BRAID_F64, [ncclBfloat16] = BRAID_BF16,
+    };
+    if ((unsigned)t >= ncclNumTypes)
+        return nccl__fail(ncclInvalidArgument, "%s: invalid datatype %d", call, (int)t);
+    if (reducing && (t == ncclUint32 || t == ncclUint64) && (op == ncclMax || op == ncclMin || op == ncclAvg))
+        return nccl__fail(ncclInvalidArgument,
+                          "%s: %s with %s is not supported: braid reduces unsigned 32/64-bit values only with "
+                          "ncclSum, ncclProd or PreMulSum (its engine compares and divides them as signed)",
+                          call, op_name(op), dtype_name(t));
+    *out = map[t];
+    return ncclSuccess;
+}
+
+ncclResult_t nccl__map_op(ncclComm_t comm, ncclRedOp_t op, ncclDataType_t t, braid_op *out, nccl_premul *premul,
+                          const char *call)
+{
+    premul->used = 0;
+    switch (op) {
+    case ncclSum:
+        *out = BRAID_SUM;
+        return ncclSuccess;
+    case ncclProd:
+        *out = BRAID_PROD;
+        return ncclSuccess;
+    case ncclMax:
+        *out = BRAID_MAX;
+        return ncclSuccess;
+    case ncclMin:
+        *out = BRAID_MIN;
+        return ncclSuccess;
+    case ncclAvg:
+        *out = BRAID_AVG;
+        return ncclSuccess;
+    default:
+        break;
+    }
+    /* A copy: the table may grow (and move) while the call runs. */
+    int idx = (int)op - (int)ncclNumOps, live;
+    pthread_mutex_lock(&comm->mu);
+    live = idx >= 0 && idx < comm->nredops && comm->redops[idx].used;
+    if (live)
+        *premul = comm->redops[idx];
+    pthread_mutex_unlock(&comm->mu);
+    if (!live)
+        return nccl__fail(ncclInvalidArgument,
+                          "%s: op %d is neither built in nor a live PreMulSum of this communicator", call, (int)op);
+    if (premul->dtype != t) {
+        ncclDataType_t made = premul->dtype;
+        premul->used = 0;
+        return nccl__fail(ncclInvalidArgument, "%s: PreMulSum op %d was made for %s, not %s", call, (int)op,
+                          dtype_name(made), dtype_name(t));
+    }
+    if (premul->residence == ncclScalarDevice) {
+        braid_dtype bt = BRAID_DTYPE_COUNT; /* set on success */
+        ncclResult_t r = nccl__map_dtype(t, 0, ncclSum, &bt, call);
+        if (r == ncclSuccess)
+            r = nccl__read_scalar(premul->scalar, premul->scalar_ptr, braid_dtype_size(bt), call);
+        if (r != ncclSuccess) {
+            premul->used = 0;
+            return r;
+        }
+    }
+    *out = BRAID_SUM;
+    return ncclSuccess;
+}
+
+/* Multiply by the scalar s (raw bytes of dtype t). Integers wrap through
+ * the unsigned type, never overflowing as signed; f16/bf16 products are
+ * exact in f32, so rounding that once is correctly rounded. */
+static void scale(braid_dtype t, const unsigned char *s, void *dst, const void *src, size_t n)
+{
+#define SCALE_INT(T, U)                                                                                                \
+    do {                                                                                                               \
+        U k;                                                                                                           \
+        memcpy(&k, s, sizeof(k));                                                                                      \
+        for (size_t i = 0; i < n; i++)                                                                                 \
+            ((T *)dst)[i] = (T)((U)((const T *)src)[i] * k);                                                           \
+    } while (0)
+    switch (t) {
+    case BRAID_I8:
+        SCALE_INT(int8_t, uint8_t);
+        break;
+    case BRAID_U8:
+        SCALE_INT(uint8_t, uint8_t);
+        break;
+    case BRAID_I32:
+        SCALE_INT(int32_t, uint32_t);
+        break;
+    case BRAID_I64:
+        SCALE_INT(int64_t, uint64_t);
+        break;
+    case BRAID_F32: {
+        float k;
+        memcpy(&k, s, sizeof(k));
+        for (size_t i = 0; i < n; i++)
+            ((float *)dst)[i] = ((const float *)src)[i] * k;
+        break;
+    }
+    case BRAID_F64: {
+        double k;
+        memcpy(&k, s, sizeof(k));
+        for (size_t i = 0; i < n; i++)
+            ((double *)dst)[i] = ((const double *)src)[i] * k;
+        break;
+    }
+    case BRAID_F16: {
+        uint16_t kb;
+        memcpy(&kb, s, sizeof(kb));
+        float k = braid__ew_f16_to_f32(kb);
+        for (size_t i = 0; i < n; i++)
+            ((uint16_t *)dst)[i] = braid__ew_f32_to_f16(braid__ew_f16_to_f32(((const uint16_t *)src)[i]) * k);
+        break;
+    }
+    case BRAID_BF16: {
+        uint16_t kb;
+        memcpy(&kb, s, sizeof(kb));
+        float k = braid__ew_bf16_to_f32(kb);
+        for (size_t i = 0; i < n; i++)
+            ((uint16_t *)dst)[i] = braid__ew_f32_to_bf16(braid__ew_bf16_to_f32(((const uint16_t *)src)[i]) * k);
+        break;
+    }
+    case BRAID_DTYPE_COUNT:
+        break;
+    }
+#undef SCALE_INT
+}
+
+void nccl__premul_scale(const nccl_premul *pm, braid_dtype t, void *dst, const void *src, size_t count)
+{
+    scale(t, pm->scalar, dst, src, count);
+}
+
+NCCL_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataType_t datatype,
+                                               ncclScalarResidence_t residence, ncclComm_t comm)
+{
+    const char *call = "ncclRedOpCreatePreMulSum";
+    ncclResult_t r = nccl__comm_check(comm, call);
+    if (r != ncclSuccess)
+        return r;
+    if (!op || !scalar)
+        return nccl__fail(ncclInvalidArgument, "%s: %s is NULL", call, !op ? "op" : "scalar");
+    if (residence != ncclScalarDevice && residence != ncclScalarHostImmediate)
+        return nccl__fail(ncclInvalidArgument, "%s: invalid residence %d", call, (int)residence);
+    braid_dtype bt = BRAID_DTYPE_COUNT; /* set on success */
+    if ((r = nccl__map_dtype(datatype, 0, ncclSum, &bt, call)) != ncclSuccess)
+        return r;
+    nccl_premul pm = {.used = 1, .dtype = datatype, .residence = residence, .scalar_ptr = scalar};
+    if (residence == ncclScalarHostImmediate)
+        memcpy(pm.scalar, scalar, braid_dtype_size(bt));
+
+    pthread_mutex_lock(&comm->mu);
+    int idx = 0;
+    while (idx < comm->nredops && comm->redops[idx].used)
+        idx++;
+    if (idx == comm->nredops) {
+        if ((long long)idx + ncclNumOps >= (long long)ncclMaxRedOp) {
+            pthread_mutex_unlock(&comm->mu);
+            return nccl__fail(ncclInvalidUsage, "%s: too many live operators", call);
+        }
+        nccl_premul *grown = realloc(comm->redops, (size_t)(idx + 1) * sizeof(*grown));
+        if (!grown) {
+            pthread_mutex_unlock(&comm->mu);
+            return nccl__fail(ncclSystemError, "%s: out of memory", call);
+        }
+        comm->redops = grown;
+        comm->nredops = idx + 1;
+    }
+    comm->redops[idx] = pm;
+    pthread_mutex_unlock(&comm->mu);
+    *op = (ncclRedOp_t)(ncclNumOps + idx);
+    return ncclSuccess;
+}
+
+NCCL_API ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm)
+{
+    const char *call = "ncclRedOpDestroy";
+    ncclResult_t r = nccl__comm_check(comm, call);
+    if (r != ncclSuccess)
+        return r;
+    if ((int)op < (int)ncclNumOps)
+        return nccl__fail(ncclInvalidArgument, "%s: %s is built in and cannot be destroyed", call, op_name(op));
+    int idx = (int)op - (int)ncclNumOps;
+    pthread_mutex_lock(&comm->mu);
+    int live = idx < comm->nredops && comm->redops[idx].used;
+    if (live)
+        comm->redops[idx].used = 0;
+    pthread_mutex_unlock(&comm->mu);
+    if (!live)
+        return nccl__fail(ncclInvalidArgument, "%s: op %d is not a live operator of this communicator", call, (int)op);
+    return ncclSuccess;
+}

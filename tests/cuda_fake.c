@@ -1,0 +1,397 @@
+/* Host implementation of tests/cuda_fake/cuda_runtime_api.h (see there).
+ * One global lock and condition variable keep it simple: every stream is
+ * a thread that runs its queue in order; events count records and
+ * completions, and a wait or synchronize targets the latest record at the
+ * time of the call, as CUDA's do. Also defines the kernel entry points of
+ * braid_cuda.h (unsupported), so libbraid_internal's cuda_stub.o is never
+ * pulled in next to the real cuda_device.c this test compiles. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "braid_cuda.h"
+#include "cuda_runtime_api.h"
+#include "status.h"
+
+enum { OP_COPY, OP_RECORD, OP_WAIT, OP_HOSTFN };
+
+typedef struct fake_op {
+    int kind;
+    void *dst;
+    const void *src;
+    size_t n;
+    struct fake_event *ev;
+    uint64_t gen;
+    cudaHostFn_t fn;
+    void *arg;
+    struct fake_op *next;
+} fake_op;
+
+struct fake_stream {
+    pthread_t thread;
+    fake_op *head, *tail;
+    int stop;
+    struct fake_stream *next_stream;
+};
+
+struct fake_event {
+    uint64_t recorded, completed;
+};
+
+typedef struct fake_alloc {
+    char *p;
+    size_t n;
+    struct fake_alloc *next;
+} fake_alloc;
+
+static pthread_mutex_t G = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t GC = PTHREAD_COND_INITIALIZER;
+static struct fake_stream *streams;
+static struct fake_stream *legacy;
+static fake_alloc *allocs;
+static __thread unsigned rnd_state;
+
+static void jitter(void)
+{
+    if (!rnd_state)
+        rnd_state = (unsigned)(uintptr_t)&rnd_state ^ (unsigned)getpid();
+    rnd_state = rnd_state * 1103515245u + 12345u;
+    unsigned us = (rnd_state >> 16) % 300;
+    if (us > 150)
+        usleep(us);
+}
+
+static void *stream_main(void *arg)
+{
+    struct fake_stream *s = arg;
+    pthread_mutex_lock(&G);
+    for (;;) {
+        while (!s->head && !s->stop)
+            pthread_cond_wait(&GC, &G);
+        if (!s->head)
+            break;
+        fake_op *op = s->head;
+        switch (op->kind) {
+        case OP_COPY:
+            pthread_mutex_unlock(&G);
+            jitter();
+            memcpy(op->dst, op->src, op->n);
+            pthread_mutex_lock(&G);
+            break;
+        case OP_RECORD:
+            if (op->ev->completed < op->gen)
+                op->ev->completed = op->gen;
+            break;
+        case OP_WAIT:
+            while (op->ev->completed < op->gen)
+                pthread_cond_wait(&GC, &G);
+            break;
+        case OP_HOSTFN:
+            pthread_mutex_unlock(&G);
+            op->fn(op->arg);
+            pthread_mutex_lock(&G);
+            break;
+        }
+        s->head = op->next;
+        if (!s->head)
+            s->tail = NULL;
+        free(op);
+        pthread_cond_broadcast(&GC);
+    }
+    pthread_mutex_unlock(&G);
+    return NULL;
+}
+
+static struct fake_stream *stream_new_locked(void)
+{
+    struct fake_stream *s = calloc(1, sizeof(*s));
+    if (!s)
+        abort();
+    pthread_create(&s->thread, NULL, stream_main, s);
+    s->next_stream = streams;
+    streams = s;
+    return s;
+}
+
+static struct fake_stream *resolve_locked(cudaStream_t s)
+{
+    if (s)
+        return s;
+    if (!legacy)
+        legacy = stream_new_locked();
+    return legacy;
+}
+
+static void enqueue(cudaStream_t st, fake_op op)
+{
+    fake_op *o = malloc(sizeof(*o));
+    if (!o)
+        abort();
+    *o = op;
+    o->next = NULL;
+    pthread_mutex_lock(&G);
+    struct fake_stream *s = resolve_locked(st);
+    if (s->tail)
+        s->tail->next = o;
+    else
+        s->head = o;
+    s->tail = o;
+    pthread_cond_broadcast(&GC);
+    pthread_mutex_unlock(&G);
+}
+
+static void drain_locked(struct fake_stream *s)
+{
+    while (s->head)
+        pthread_cond_wait(&GC, &G);
+}
+
+const char *cudaGetErrorString(cudaError_t e)
+{
+    return e == cudaSuccess ? "no error" : "fake cuda error";
+}
+
+const char *cudaGetErrorName(cudaError_t e)
+{
+    return e == cudaSuccess ? "cudaSuccess" : "cudaErrorFake";
+}
+
+cudaError_t cudaGetLastError(void) { return cudaSuccess; }
+cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; }
+cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
+cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+
+cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int d)
+{
+    (void)a, (void)d;
+    *v = 1;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void)
+{
+    pthread_mutex_lock(&G);
+    for (struct fake_stream *s = streams; s; s = s->next_stream)
+        drain_locked(s);
+    pthread_mutex_unlock(&G);
+    return cudaSuccess;
+}
+
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void *p)
+{
+    memset(a, 0, sizeof(*a));
+    a->device = -1;
+    pthread_mutex_lock(&G);
+    for (fake_alloc *f = allocs; f; f = f->next)
+        if ((const char *)p >= f->p && (const char *)p < f->p + f->n) {
+            a->type = cudaMemoryTypeDevice;
+            a->device = 0;
+            a->devicePointer = (void *)p;
+        }
+    pthread_mutex_unlock(&G);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void **p, size_t n)
+{
+    fake_alloc *f = malloc(sizeof(*f));
+    char *m = malloc(n ? n : 1);
+    if (!f || !m) {
+        free(f);
+        free(m);
+        return cudaErrorMemoryAllocation;
+    }
+    memset(m, 0xEE, n); /* device memory starts as garbage */
+    f->p = m;
+    f->n = n ? n : 1;
+    pthread_mutex_lock(&G);
+    f->next = allocs;
+    allocs = f;
+    pthread_mutex_unlock(&G);
+    *p = m;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFree(void *p)
+{
+    if (!p)
+        return cudaSuccess;
+    cudaDeviceSynchronize(); /* as CUDA's cudaFree does */
+    pthread_mutex_lock(&G);
+    for (fake_alloc **f = &allocs; *f; f = &(*f)->next)
+        if ((*f)->p == p) {
+            fake_alloc *dead = *f;
+            *f = dead->next;
+            free(dead);
+            break;
+        }
+    pthread_mutex_unlock(&G);
+    free(p);
+    return cudaSuccess;
+}
+
+cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags)
+{
+    (void)flags;
+    *p = malloc(n);
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+
+cudaError_t cudaFreeHost(void *p)
+{
+    free(p);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemset(void *p, int v, size_t n)
+{
+    cudaDeviceSynchronize();
+    memset(p, v, n);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind k)
+{
+    (void)k;
+    cudaDeviceSynchronize();
+    memcpy(d, s, n);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind k, cudaStream_t st)
+{
+    (void)k;
+    enqueue(st, (fake_op){.kind = OP_COPY, .dst = d, .src = s, .n = n});
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
+{
+    (void)flags;
+    pthread_mutex_lock(&G);
+    *s = stream_new_locked();
+    pthread_mutex_unlock(&G);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t *s)
+{
+    return cudaStreamCreateWithFlags(s, 0);
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t s)
+{
+    pthread_mutex_lock(&G);
+    drain_locked(s);
+    s->stop = 1;
+    pthread_cond_broadcast(&GC);
+    for (struct fake_stream **p = &streams; *p; p = &(*p)->next_stream)
+        if (*p == s) {
+            *p = s->next_stream;
+            break;
+        }
+    pthread_mutex_unlock(&G);
+    pthread_join(s->thread, NULL);
+    free(s);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t st)
+{
+    pthread_mutex_lock(&G);
+    drain_locked(resolve_locked(st));
+    pthread_mutex_unlock(&G);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags)
+{
+    (void)flags;
+    pthread_mutex_lock(&G);
+    uint64_t gen = e->recorded;
+    pthread_mutex_unlock(&G);
+    enqueue(s, (fake_op){.kind = OP_WAIT, .ev = e, .gen = gen});
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *c)
+{
+    (void)s;
+    *c = cudaStreamCaptureStatusNone;
+    return cudaSuccess;
+}
+
+cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *arg)
+{
+    enqueue(s, (fake_op){.kind = OP_HOSTFN, .fn = fn, .arg = arg});
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags)
+{
+    (void)flags;
+    *e = calloc(1, sizeof(**e));
+    return *e ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+
+/* Kept alive (leaked): a stream may still hold a wait on it, which CUDA
+ * allows. */
+cudaError_t cudaEventDestroy(cudaEvent_t e)
+{
+    (void)e;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
+{
+    pthread_mutex_lock(&G);
+    uint64_t gen = ++e->recorded;
+    pthread_mutex_unlock(&G);
+    enqueue(s, (fake_op){.kind = OP_RECORD, .ev = e, .gen = gen});
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t e)
+{
+    pthread_mutex_lock(&G);
+    uint64_t gen = e->recorded;
+    while (e->completed < gen)
+        pthread_cond_wait(&GC, &G);
+    pthread_mutex_unlock(&G);
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t e)
+{
+    pthread_mutex_lock(&G);
+    int done = e->completed >= e->recorded;
+    pthread_mutex_unlock(&G);
+    return done ? cudaSuccess : cudaErrorNotReady;
+}
+
+/* ---- braid_cuda.h kernels: not faked ---- */
+
+braid_status braid__cuda_reduce(braid_dtype dtype, braid_op op, void *dst, const void *const *srcs, int nsrcs,
+                                size_t count, int nranks, void *stream)
+{
+    (void)dtype, (void)op, (void)dst, (void)srcs, (void)nsrcs, (void)count, (void)nranks, (void)stream;
+    return braid__error(BRAID_ERR_UNSUPPORTED, "cuda fake: no kernels");
+}
+
+braid_status braid__cuda_reduce_cast(braid_dtype dst_dtype, void *dst, braid_dtype src_dtype, braid_op op,
+                                     const void *const *srcs, int nsrcs, size_t count, int nranks, void *stream)
+{
+    (void)dst_dtype, (void)dst, (void)src_dtype, (void)op, (void)srcs, (void)nsrcs, (void)count, (void)nranks,
+        (void)stream;
+    return braid__error(BRAID_ERR_UNSUPPORTED, "cuda fake: no kernels");
+}
+
+braid_status braid__cuda_reduce_premul(braid_dtype dtype, void *dst, const void *const *srcs, int nsrcs,
+                                       size_t count, double scale, void *stream)
+{
+    (void)dtype, (void)dst, (void)srcs, (void)nsrcs, (void)count, (void)scale, (void)stream;
+    return braid__error(BRAID_ERR_UNSUPPORTED, "cuda fake: no kernels");
+}

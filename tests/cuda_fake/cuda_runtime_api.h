@@ -1,0 +1,78 @@
+/* A stand-in for the CUDA runtime API, just what cuda/hmem_cuda.c,
+ * cuda/cuda_device.c and tests/test_cuda_coll.c call, implemented on the
+ * host by tests/cuda_fake.c: "device" memory is malloc'd memory that
+ * cudaPointerGetAttributes reports as device memory, and every stream is a
+ * worker thread running its queue in order (copies after a random short
+ * delay), so the staging layer's stream, event and host-function ordering
+ * is exercised on machines without a GPU. Not a CUDA emulator: no kernels,
+ * one device, no legacy-stream implicit synchronization. */
+#ifndef BRAID_CUDA_FAKE_RUNTIME_API_H
+#define BRAID_CUDA_FAKE_RUNTIME_API_H
+
+#include <stddef.h>
+
+#define CUDART_CB
+
+typedef enum {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInvalidDevice = 101,
+    cudaErrorNotReady = 600,
+} cudaError_t;
+
+typedef struct fake_stream *cudaStream_t;
+typedef struct fake_event *cudaEvent_t;
+typedef void (*cudaHostFn_t)(void *user_data);
+
+enum cudaMemcpyKind { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
+                      cudaMemcpyDeviceToDevice, cudaMemcpyDefault };
+enum cudaMemoryType { cudaMemoryTypeUnregistered = 0, cudaMemoryTypeHost, cudaMemoryTypeDevice,
+                      cudaMemoryTypeManaged };
+enum cudaStreamCaptureStatus { cudaStreamCaptureStatusNone = 0, cudaStreamCaptureStatusActive,
+                               cudaStreamCaptureStatusInvalidated };
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16, cudaDevAttrIpcEventSupport = 130 };
+
+struct cudaPointerAttributes {
+    enum cudaMemoryType type;
+    int device;
+    void *devicePointer;
+    void *hostPointer;
+};
+
+#define cudaStreamDefault 0x0
+#define cudaStreamNonBlocking 0x1
+#define cudaEventDefault 0x0
+#define cudaEventDisableTiming 0x2
+#define cudaHostAllocDefault 0x0
+
+const char *cudaGetErrorString(cudaError_t e);
+const char *cudaGetErrorName(cudaError_t e);
+cudaError_t cudaGetLastError(void);
+cudaError_t cudaGetDeviceCount(int *n);
+cudaError_t cudaGetDevice(int *d);
+cudaError_t cudaSetDevice(int d);
+cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int d);
+cudaError_t cudaDeviceSynchronize(void);
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void *p);
+cudaError_t cudaMalloc(void **p, size_t n);
+cudaError_t cudaFree(void *p);
+cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags);
+cudaError_t cudaFreeHost(void *p);
+cudaError_t cudaMemset(void *p, int v, size_t n);
+cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind k);
+cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind k, cudaStream_t st);
+cudaError_t cudaStreamCreate(cudaStream_t *s);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags);
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *c);
+cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *arg);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventQuery(cudaEvent_t e);
+
+#endif

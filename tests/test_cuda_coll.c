@@ -1,0 +1,384 @@
+/* All-reduce and broadcast on CUDA device buffers across forked ranks
+ * (several ranks may share one GPU: rank r uses device r % devices).
+ * Each result is compared bit for bit with the same call on host buffers
+ * holding the same data, run through braid's CPU path in the same rank:
+ * the CPU reference. Inputs are small integers, exact in every dtype, so
+ * the comparison does not depend on how the staging splits the buffer.
+ *
+ * Covers: every dtype x op, odd counts, in place and out of place, one
+ * staging piece and several (src/hmem.h), blocking calls, work handles
+ * with the caller's stream ordered both ways (an unsynchronized copy in
+ * before the call, a copy out after it), the legacy default stream, and
+ * device buffers inside a group (refused), and a call on an aborted group
+ * (fails, and does not hold the caller's stream).
+ *
+ * Exits 77 (meson: skipped) with braid__cuda_unavailable_reason() when the
+ * build has no CUDA or the machine no usable device. CUDA does not survive
+ * fork, so the parent never touches it: a throwaway child probes. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "braid_cuda.h"
+#include "harness.h"
+#include "hmem.h"
+
+#ifdef BRAID_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+static const braid_dtype all_dtypes[] = {BRAID_F32, BRAID_F64, BRAID_F16, BRAID_BF16,
+                                         BRAID_I8,  BRAID_U8,  BRAID_I32, BRAID_I64};
+static const braid_op all_ops[] = {BRAID_SUM, BRAID_PROD, BRAID_MIN, BRAID_MAX, BRAID_AVG};
+
+#define CU(call)                                                                               \
+    do {                                                                                       \
+        cudaError_t e_ = (call);                                                               \
+        if (e_ != cudaSuccess)                                                                 \
+            HARNESS_FAIL("rank %d: %s: %s", rank, #call, cudaGetErrorString(e_));              \
+    } while (0)
+
+static int pick_device(int rank)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n <= 0)
+        HARNESS_FAIL("rank %d: no CUDA device in the rank", rank);
+    CU(cudaSetDevice(rank % n));
+    return 0;
+}
+
+static double input(int rank, size_t i, uint32_t seed, braid_dtype t, braid_op op)
+{
+    int lo = -8, hi = 8;
+    if (op == BRAID_PROD)
+        lo = t == BRAID_U8 ? 0 : -2, hi = 2;
+    else if (t == BRAID_U8)
+        lo = 0, hi = 20;
+    return (double)harness_value(rank, i, seed, lo, hi);
+}
+
+/* How a case uses the stream. */
+typedef enum {
+    MODE_BLOCKING,   /* own stream, work NULL */
+    MODE_ASYNC,      /* own stream, work handle; copies in/out queued on the stream unsynchronized */
+    MODE_LEGACY,     /* stream NULL (legacy default), work handle */
+} mode;
+
+/* One all-reduce on device buffers vs the host path; 0 when equal. */
+static int check_allreduce(braid_pg *pg, braid_dtype t, braid_op op, size_t count, int in_place, mode m,
+                           uint32_t seed)
+{
+    int rank = braid_pg_rank(pg);
+    size_t es = braid_dtype_size(t), bytes = count * es;
+    unsigned char *host = malloc(bytes + 1), *ref = malloc(bytes + 1), *out = malloc(bytes + 1);
+    if (!host || !ref || !out)
+        HARNESS_FAIL("rank %d: out of memory", rank);
+    for (size_t i = 0; i < count; i++)
+        harness_store(t, host, i, input(rank, i, seed, t, op));
+    memcpy(ref, host, bytes);
+    if (braid_allreduce(pg, ref, ref, count, t, op, NULL, NULL) != BRAID_OK)
+        HARNESS_FAIL("rank %d: host reference allreduce: %s", rank, braid_last_error());
+
+    void *dsend = NULL, *drecv = NULL;
+    cudaStream_t s = NULL;
+    CU(cudaMalloc(&dsend, bytes + 1));
+    if (!braid__mem_is_device(dsend))
+        HARNESS_FAIL("rank %d: cudaMalloc'd memory not seen as device memory", rank);
+    drecv = dsend;
+    if (!in_place)
+        CU(cudaMalloc(&drecv, bytes + 1));
+    if (m != MODE_LEGACY)
+        CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CU(cudaMemset(drecv, 0xA5, bytes + 1));
+    CU(cudaDeviceSynchronize());
+    /* Not synchronized: the call must see this copy through the stream. */
+    CU(cudaMemcpyAsync(dsend, host, bytes, cudaMemcpyHostToDevice, s));
+    braid_work *w = NULL;
+    if (braid_allreduce(pg, dsend, drecv, count, t, op, s, m == MODE_BLOCKING ? NULL : &w) != BRAID_OK)
+        HARNESS_FAIL("rank %d: device allreduce(count=%zu dtype=%d op=%d): %s", rank, count, t, op,
+                     braid_last_error());
+    /* Queued behind the call on the same stream: must see the result. */
+    CU(cudaMemcpyAsync(out, drecv, bytes + 1, cudaMemcpyDeviceToHost, s));
+    CU(cudaStreamSynchronize(s));
+    if (w) {
+        if (braid_wait(w, -1) != BRAID_OK)
+            HARNESS_FAIL("rank %d: wait: %s", rank, braid_last_error());
+        braid_work_free(w);
+    }
+    for (size_t i = 0; i < count; i++)
+        if (memcmp(out + i * es, ref + i * es, es) != 0)
+            HARNESS_FAIL("rank %d of %d: device allreduce dtype=%d op=%d count=%zu %s mode=%d: element %zu is %g, "
+                         "host path gives %g",
+                         rank, braid_pg_size(pg), t, op, count, in_place ? "in-place" : "out-of-place", (int)m, i,
+                         harness_load(t, out, i), harness_load(t, ref, i));
+    if (out[bytes] != 0xA5)
+        HARNESS_FAIL("rank %d: device allreduce wrote past the end of recv", rank);
+    if (s)
+        CU(cudaStreamDestroy(s));
+    if (!in_place)
+        CU(cudaFree(drecv));
+    CU(cudaFree(dsend));
+    free(host);
+    free(ref);
+    free(out);
+    return 0;
+}
+
+static int check_broadcast(braid_pg *pg, size_t bytes, int root, mode m, uint32_t seed)
+{
+    int rank = braid_pg_rank(pg);
+    unsigned char *host = malloc(bytes + 1), *out = malloc(bytes + 1);
+    if (!host || !out)
+        HARNESS_FAIL("rank %d: out of memory", rank);
+    for (size_t i = 0; i < bytes; i++)
+        host[i] = rank == root ? (unsigned char)harness_value(root, i, seed, 0, 255) : 0;
+    void *d = NULL;
+    cudaStream_t s = NULL;
+    CU(cudaMalloc(&d, bytes + 1));
+    if (m != MODE_LEGACY)
+        CU(cudaStreamCreate(&s));
+    CU(cudaMemset(d, 0x5A, bytes + 1));
+    CU(cudaDeviceSynchronize());
+    CU(cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, s));
+    braid_work *w = NULL;
+    if (braid_broadcast(pg, d, bytes, BRAID_U8, root, s, m == MODE_BLOCKING ? NULL : &w) != BRAID_OK)
+        HARNESS_FAIL("rank %d: device broadcast(bytes=%zu root=%d): %s", rank, bytes, root, braid_last_error());
+    CU(cudaMemcpyAsync(out, d, bytes + 1, cudaMemcpyDeviceToHost, s));
+    CU(cudaStreamSynchronize(s));
+    if (w) {
+        if (braid_wait(w, -1) != BRAID_OK)
+            HARNESS_FAIL("rank %d: wait: %s", rank, braid_last_error());
+        braid_work_free(w);
+    }
+    for (size_t i = 0; i < bytes; i++)
+        if (out[i] != (unsigned char)harness_value(root, i, seed, 0, 255))
+            HARNESS_FAIL("rank %d: device broadcast bytes=%zu root=%d mode=%d: byte %zu is %u, want %u", rank, bytes,
+                         root, (int)m, i, out[i], (unsigned)(unsigned char)harness_value(root, i, seed, 0, 255));
+    if (out[bytes] != 0x5A)
+        HARNESS_FAIL("rank %d: device broadcast wrote past the buffer", rank);
+    if (s)
+        CU(cudaStreamDestroy(s));
+    CU(cudaFree(d));
+    free(host);
+    free(out);
+    return 0;
+}
+
+static int matrix_body(braid_pg *pg, void *arg)
+{
+    (void)arg;
+    if (pick_device(braid_pg_rank(pg)))
+        return 1;
+    static const size_t counts[] = {1, 7, 1000, 65537};
+    uint32_t seed = 1;
+    for (size_t d = 0; d < sizeof(all_dtypes) / sizeof(all_dtypes[0]); d++)
+        for (size_t o = 0; o < sizeof(all_ops) / sizeof(all_ops[0]); o++)
+            for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
+                if (check_allreduce(pg, all_dtypes[d], all_ops[o], counts[c], (int)(c % 2), (mode)((d + c) % 3),
+                                    seed++))
+                    return 1;
+    for (int root = 0; root < braid_pg_size(pg); root++)
+        if (check_broadcast(pg, 1000 + (size_t)root, root, (mode)(root % 3), seed++))
+            return 1;
+    return 0;
+}
+
+/* Several staging pieces, an odd tail, and both buffers of the double
+ * buffer reused more than once. */
+static int pieces_body(braid_pg *pg, void *arg)
+{
+    (void)arg;
+    if (pick_device(braid_pg_rank(pg)))
+        return 1;
+    size_t f32_piece = BRAID_HMEM_PIECE_BYTES / 4;
+    if (check_allreduce(pg, BRAID_F32, BRAID_SUM, 5 * f32_piece + 13, 1, MODE_ASYNC, 101))
+        return 1;
+    if (check_allreduce(pg, BRAID_F32, BRAID_AVG, 3 * f32_piece + 1, 0, MODE_BLOCKING, 102))
+        return 1;
+    if (check_allreduce(pg, BRAID_BF16, BRAID_MAX, 4 * (f32_piece * 2), 0, MODE_LEGACY, 103))
+        return 1;
+    if (check_allreduce(pg, BRAID_I64, BRAID_SUM, 2 * (f32_piece / 2) + 7, 1, MODE_ASYNC, 104))
+        return 1;
+    if (check_broadcast(pg, 5 * (size_t)BRAID_HMEM_PIECE_BYTES + 3, braid_pg_size(pg) - 1, MODE_ASYNC, 105))
+        return 1;
+    return check_broadcast(pg, 3 * (size_t)BRAID_HMEM_PIECE_BYTES, 0, MODE_BLOCKING, 106);
+}
+
+/* Several outstanding device calls on one stream, results in order. */
+static int queue_body(braid_pg *pg, void *arg)
+{
+    (void)arg;
+    int rank = braid_pg_rank(pg), n = braid_pg_size(pg);
+    if (pick_device(rank))
+        return 1;
+    enum { K = 4, N = (1 << 20) + 5 };
+    int32_t *host = malloc(sizeof(int32_t) * N);
+    void *d[K];
+    braid_work *w[K];
+    cudaStream_t s;
+    if (!host)
+        HARNESS_FAIL("rank %d: out of memory", rank);
+    CU(cudaStreamCreate(&s));
+    for (int k = 0; k < K; k++) {
+        for (int i = 0; i < N; i++)
+            host[i] = rank * 1000 + k + i;
+        CU(cudaMalloc(&d[k], sizeof(int32_t) * N));
+        CU(cudaMemcpy(d[k], host, sizeof(int32_t) * N, cudaMemcpyHostToDevice));
+    }
+    for (int k = 0; k < K; k++)
+        if (braid_allreduce(pg, d[k], d[k], N, BRAID_I32, BRAID_SUM, s, &w[k]) != BRAID_OK)
+            HARNESS_FAIL("rank %d: async device allreduce %d: %s", rank, k, braid_last_error());
+    CU(cudaStreamSynchronize(s));
+    for (int k = 0; k < K; k++) {
+        CU(cudaMemcpy(host, d[k], sizeof(int32_t) * N, cudaMemcpyDeviceToHost));
+        for (int i = 0; i < N; i++) {
+            int32_t want = 1000 * n * (n - 1) / 2 + n * (k + i);
+            if (host[i] != want)
+                HARNESS_FAIL("rank %d: queued device allreduce %d element %d = %d, want %d", rank, k, i, host[i],
+                             want);
+        }
+        if (braid_wait(w[k], -1) != BRAID_OK)
+            HARNESS_FAIL("rank %d: wait %d: %s", rank, k, braid_last_error());
+        braid_work_free(w[k]);
+        CU(cudaFree(d[k]));
+    }
+    CU(cudaStreamDestroy(s));
+    free(host);
+    return 0;
+}
+
+/* Device buffers inside a group are refused; the group still works. */
+static int group_body(braid_pg *pg, void *arg)
+{
+    (void)arg;
+    int rank = braid_pg_rank(pg);
+    if (pick_device(rank))
+        return 1;
+    void *d;
+    CU(cudaMalloc(&d, 64));
+    if (braid_group_start(pg) != BRAID_OK)
+        HARNESS_FAIL("rank %d: group_start: %s", rank, braid_last_error());
+    braid_status st = braid_allreduce(pg, d, d, 16, BRAID_F32, BRAID_SUM, NULL, NULL);
+    if (st != BRAID_ERR_UNSUPPORTED)
+        HARNESS_FAIL("rank %d: device allreduce in a group returned %s, want BRAID_ERR_UNSUPPORTED", rank,
+                     braid_status_string(st));
+    if (braid_group_end(pg, NULL) != BRAID_OK)
+        HARNESS_FAIL("rank %d: group_end: %s", rank, braid_last_error());
+    CU(cudaFree(d));
+    return check_allreduce(pg, BRAID_F32, BRAID_SUM, 100, 1, MODE_BLOCKING, 200);
+}
+
+/* A device call on an aborted group fails without holding the stream. */
+static int abort_body(braid_pg *pg, void *arg)
+{
+    (void)arg;
+    int rank = braid_pg_rank(pg);
+    if (pick_device(rank))
+        return 1;
+    void *d;
+    cudaStream_t s;
+    CU(cudaMalloc(&d, 4096));
+    CU(cudaStreamCreate(&s));
+    braid_pg_abort(pg);
+    braid_work *w = NULL;
+    braid_status st = braid_allreduce(pg, d, d, 1024, BRAID_F32, BRAID_SUM, s, &w);
+    if (st == BRAID_OK) {
+        CU(cudaStreamSynchronize(s)); /* hangs if the failed job kept the stream */
+        st = braid_wait(w, -1);
+        braid_work_free(w);
+    }
+    if (st != BRAID_ERR_ABORTED)
+        HARNESS_FAIL("rank %d: device allreduce on an aborted group: %s, want BRAID_ERR_ABORTED", rank,
+                     braid_status_string(st));
+    CU(cudaStreamDestroy(s));
+    CU(cudaFree(d));
+    return 0;
+}
+
+static void run_ranks(int n, harness_rank_fn fn, int timeout_s)
+{
+    harness_result r;
+    int failed = harness_run(n, fn, NULL, NULL, timeout_s, &r);
+    ck_assert_msg(failed == 0, "%d of %d ranks failed", failed, n);
+}
+
+START_TEST(matrix_2) { run_ranks(2, matrix_body, 300); }
+END_TEST
+START_TEST(matrix_3) { run_ranks(3, matrix_body, 300); }
+END_TEST
+START_TEST(pieces_2) { run_ranks(2, pieces_body, 300); }
+END_TEST
+START_TEST(pieces_4) { run_ranks(4, pieces_body, 300); }
+END_TEST
+START_TEST(queue_3) { run_ranks(3, queue_body, 300); }
+END_TEST
+START_TEST(group_2) { run_ranks(2, group_body, 120); }
+END_TEST
+START_TEST(abort_2) { run_ranks(2, abort_body, 120); }
+END_TEST
+#endif /* BRAID_HAVE_CUDA */
+
+/* Availability, probed in a child so the parent never initializes CUDA
+ * (the ranks are forked from it). Returns 1 when usable, else 0 with the
+ * reason in why. */
+static int probe_cuda(char *why, size_t cap)
+{
+    int fds[2];
+    if (pipe(fds) != 0) {
+        snprintf(why, cap, "pipe failed");
+        return 0;
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fds[0]);
+        int ok = braid__cuda_available();
+        const char *reason = ok ? "" : braid__cuda_unavailable_reason();
+        ssize_t w = write(fds[1], reason, strlen(reason));
+        (void)w;
+        _exit(ok ? 0 : 1);
+    }
+    close(fds[1]);
+    ssize_t len = pid > 0 ? read(fds[0], why, cap - 1) : -1;
+    why[len > 0 ? len : 0] = '\0';
+    close(fds[0]);
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) < 0) {
+        snprintf(why, cap, "fork failed");
+        return 0;
+    }
+    if (!WIFEXITED(status) && why[0] == '\0')
+        snprintf(why, cap, "the probe crashed");
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+int main(void)
+{
+    char why[512];
+    if (!probe_cuda(why, sizeof(why))) {
+        printf("SKIP: no CUDA device: %s\n", why);
+        return 77;
+    }
+#ifdef BRAID_HAVE_CUDA
+    Suite *s = suite_create("cuda_coll");
+    TCase *tc = tcase_create("device");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, matrix_2);
+    tcase_add_test(tc, matrix_3);
+    tcase_add_test(tc, pieces_2);
+    tcase_add_test(tc, pieces_4);
+    tcase_add_test(tc, queue_3);
+    tcase_add_test(tc, group_2);
+    tcase_add_test(tc, abort_2);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+#else
+    printf("SKIP: CUDA device found but the test was built without BRAID_HAVE_CUDA\n");
+    return 77;
+#endif
+}

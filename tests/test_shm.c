@@ -1,0 +1,736 @@
+/* Shared-memory transport suite: two real processes exchanging data
+ * through the ops table (sizes across the ring size, both directions at
+ * once, many outstanding requests, mismatched lengths, wrong secrets,
+ * killed peers, descriptor and /dev/shm leaks), then 2- and 4-rank groups
+ * running all-reduce and broadcast over it. */
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bootstrap/bootstrap.h"
+#include "braid_transport.h"
+#include "clock.h"
+#include "harness.h"
+#include "pg.h"
+#include "transports/shm/shm.h"
+#include "transports/shm/shm_conn.h"
+
+static const braid_transport_ops *ops = &braid__shm_ops;
+
+#define PG_TAG 0x0123456789abcdefull
+#define MiB ((size_t)1 << 20)
+
+static braid_transport_ctx make_ctx(int rank, int size, uint8_t key)
+{
+    braid_transport_ctx ctx;
+    memset(&ctx, 0, sizeof(ctx));
+    ctx.rank = rank;
+    ctx.size = size;
+    for (int i = 0; i < BRAID_SECRET_BYTES; i++)
+        ctx.secret[i] = (uint8_t)(key + i);
+    ctx.pg_tag = PG_TAG;
+    ctx.timeout_ms = 10000;
+    ctx.nsocks = 1;
+    return ctx;
+}
+
+static void fill(uint8_t *buf, size_t len, uint64_t seed)
+{
+    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (size_t i = 0; i < len; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        buf[i] = (uint8_t)x;
+    }
+}
+
+static int check_fill(const uint8_t *buf, size_t len, uint64_t seed)
+{
+    uint8_t *want = malloc(len ? len : 1);
+    if (!want)
+        return 0;
+    fill(want, len, seed);
+    int ok = memcmp(want, buf, len) == 0;
+    free(want);
+    return ok;
+}
+
+/* Wait for every request on one connection, the way the algorithms do. */
+static braid_status wait_all(braid_req *reqs, int n, int timeout_ms)
+{
+    int64_t deadline = braid__now_ms() + timeout_ms;
+    braid_conn *conn = reqs[0].conn;
+    for (;;) {
+        int all = 1;
+        for (int i = 0; i < n; i++) {
+            int done;
+            braid_status st = ops->test(&reqs[i], &done);
+            if (st != BRAID_OK)
+                return st;
+            all &= done;
+        }
+        if (all)
+            return BRAID_OK;
+        if (braid__now_ms() > deadline)
+            return BRAID_ERR_TIMEOUT;
+        braid_status st = ops->progress(&conn, 1, -1, 100);
+        if (st != BRAID_OK)
+            return st;
+    }
+}
+
+static braid_status send_blocking(braid_conn *c, const void *buf, size_t len)
+{
+    braid_req r;
+    braid_status st = ops->isend(c, &r, buf, len);
+    return st != BRAID_OK ? st : wait_all(&r, 1, 30000);
+}
+
+static braid_status recv_blocking(braid_conn *c, void *buf, size_t len)
+{
+    braid_req r;
+    braid_status st = ops->irecv(c, &r, buf, len);
+    return st != BRAID_OK ? st : wait_all(&r, 1, 30000);
+}
+
+static int count_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    int n = 0;
+    if (!d)
+        return -1;
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
+}
+
+static int dev_shm_braid_entries(void)
+{
+    DIR *d = opendir("/dev/shm");
+    int n = 0;
+    if (!d)
+        return 0;
+    for (struct dirent *e; (e = readdir(d));)
+        if (strstr(e->d_name, "braid"))
+            n++;
+    closedir(d);
+    return n;
+}
+
+/* ---- a pair of processes ------------------------------------------------- */
+
+typedef int (*side_fn)(braid_conn *conn, void *arg);
+
+static int wait_child(pid_t pid, int timeout_s)
+{
+    int64_t deadline = braid__now_ms() + timeout_s * 1000;
+    for (;;) {
+        int status;
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid)
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        if (braid__now_ms() > deadline) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            return 124;
+        }
+        usleep(2000);
+    }
+}
+
+/* Children are forked before any braid thread exists and then read the
+ * listener's address from a pipe (forking with another thread holding a
+ * lock would leave the child a held copy). */
+static void addr_recv(int fd, char addr[BRAID_ADDR_MAX])
+{
+    size_t got = 0;
+    while (got < BRAID_ADDR_MAX) {
+        ssize_t n = read(fd, addr + got, BRAID_ADDR_MAX - got);
+        if (n <= 0 && !(n < 0 && errno == EINTR))
+            _exit(99);
+        if (n > 0)
+            got += (size_t)n;
+    }
+    addr[BRAID_ADDR_MAX - 1] = '\0';
+}
+
+/* Rank 1 listens here; a forked rank 0 (with secret key child_key) dials
+ * and runs dialer(); this process accepts and runs acceptor(). Returns
+ * acceptor's result (20 when accept failed: *accept_st says why); the
+ * dialer's exit code goes to *child_rc. */
+static int run_pair_keyed(uint8_t child_key, side_fn dialer, side_fn acceptor, void *arg, int *child_rc,
+                          braid_status *accept_st, int accept_ms)
+{
+    braid_transport_ctx c1 = make_ctx(1, 2, 0xa0);
+    braid_listener *l;
+    char addr[BRAID_ADDR_MAX] = {0};
+    int pipefd[2];
+    ck_assert_int_eq(pipe(pipefd), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        close(pipefd[1]);
+        addr_recv(pipefd[0], addr);
+        braid_transport_ctx c0 = make_ctx(0, 2, child_key);
+        braid_conn *conn;
+        braid_status st = ops->connect(&c0, 1, addr, 5000, &conn);
+        if (st != BRAID_OK)
+            _exit(st == BRAID_ERR_AUTH ? 11 : 10);
+        int rc = dialer(conn, arg);
+        ops->close(conn);
+        _exit(rc);
+    }
+    close(pipefd[0]);
+    ck_assert_int_eq(ops->listen(&c1, &l, addr), BRAID_OK);
+    ck_assert_int_eq(write(pipefd[1], addr, BRAID_ADDR_MAX), BRAID_ADDR_MAX);
+    close(pipefd[1]);
+    braid_conn *conn;
+    braid_status st = ops->accept(l, 0, accept_ms, &conn);
+    if (accept_st)
+        *accept_st = st;
+    int rc = 20;
+    if (st == BRAID_OK) {
+        rc = acceptor(conn, arg);
+        ops->close(conn);
+    }
+    *child_rc = wait_child(pid, 120);
+    ops->close_listener(l);
+    return rc;
+}
+
+static int run_pair(side_fn dialer, side_fn acceptor, void *arg, int *child_rc)
+{
+    return run_pair_keyed(0xa0, dialer, acceptor, arg, child_rc, NULL, 10000);
+}
+
+/* ---- sizes --------------------------------------------------------------- */
+
+/* Around the header, the 4 MiB ring and its wrap, up to 64 MiB. */
+static const size_t sizes[] = {0,
+                               1,
+                               7,
+                               8,
+                               4095,
+                               65537,
+                               BRAID_SHM_RING_BYTES - BRAID_SHM_HDR_BYTES,
+                               BRAID_SHM_RING_BYTES,
+                               BRAID_SHM_RING_BYTES + 1,
+                               (16 * MiB) + 3,
+                               64 * MiB};
+#define NSIZES (sizeof(sizes) / sizeof(sizes[0]))
+
+/* Dialer sends each size, acceptor checks it and answers with another
+ * pattern of the same size, which the dialer checks. */
+static int echo_dialer(braid_conn *c, void *arg)
+{
+    (void)arg;
+    uint8_t *buf = malloc(64 * MiB);
+    if (!buf)
+        return 2;
+    for (size_t i = 0; i < NSIZES; i++) {
+        fill(buf, sizes[i], i);
+        if (send_blocking(c, buf, sizes[i]) != BRAID_OK)
+            return 3;
+        memset(buf, 0, sizes[i]);
+        if (recv_blocking(c, buf, sizes[i]) != BRAID_OK)
+            return 4;
+        if (!check_fill(buf, sizes[i], 1000 + i))
+            return 5;
+    }
+    free(buf);
+    return 0;
+}
+
+static int echo_acceptor(braid_conn *c, void *arg)
+{
+    (void)arg;
+    uint8_t *buf = malloc(64 * MiB);
+    if (!buf)
+        return 2;
+    for (size_t i = 0; i < NSIZES; i++) {
+        memset(buf, 0xee, sizes[i]);
+        if (recv_blocking(c, buf, sizes[i]) != BRAID_OK)
+            return 3;
+        if (!check_fill(buf, sizes[i], i))
+            return 4;
+        fill(buf, sizes[i], 1000 + i);
+        if (send_blocking(c, buf, sizes[i]) != BRAID_OK)
+            return 5;
+    }
+    free(buf);
+    return 0;
+}
+
+/* Loop tests run twice: _i == 0 reads large messages in place, 1 copies
+ * them through the ring (the fallback where process_vm_readv is denied). */
+static void set_copy_mode(int i)
+{
+    setenv("BRAID_SHM_CMA", i ? "0" : "1", 1);
+}
+
+START_TEST(sizes_bit_exact)
+{
+    int child;
+    set_copy_mode(_i);
+    ck_assert_int_eq(run_pair(echo_dialer, echo_acceptor, NULL, &child), 0);
+    ck_assert_int_eq(child, 0);
+}
+END_TEST
+
+/* Both sides send 24 MiB (six rings' worth) while receiving the same:
+ * neither may wait for its send before draining its receive. */
+static int bidi_side(braid_conn *c, void *arg)
+{
+    (void)arg;
+    size_t len = 24 * MiB + 5;
+    uint8_t *out = malloc(len), *in = malloc(len);
+    if (!out || !in)
+        return 2;
+    int me = c->peer == 1 ? 0 : 1;
+    fill(out, len, 77 + (uint64_t)me);
+    braid_req r[2];
+    if (ops->isend(c, &r[0], out, len) != BRAID_OK || ops->irecv(c, &r[1], in, len) != BRAID_OK)
+        return 3;
+    if (wait_all(r, 2, 30000) != BRAID_OK)
+        return 4;
+    int ok = check_fill(in, len, 77 + (uint64_t)(1 - me));
+    free(out);
+    free(in);
+    return ok ? 0 : 5;
+}
+
+START_TEST(bidirectional)
+{
+    int child;
+    set_copy_mode(_i);
+    ck_assert_int_eq(run_pair(bidi_side, bidi_side, NULL, &child), 0);
+    ck_assert_int_eq(child, 0);
+}
+END_TEST
+
+/* 300 messages of mixed sizes posted at once each way: they complete in
+ * posting order with the right contents. */
+#define NOUT 300
+static size_t out_len(int i)
+{
+    return (size_t)((i * 7919) % 50000) + (i % 17 == 0 ? 300000 : 0);
+}
+
+static int many_side(braid_conn *c, void *arg)
+{
+    (void)arg;
+    int me = c->peer == 1 ? 0 : 1;
+    static braid_req reqs[2 * NOUT];
+    uint8_t **bufs = calloc(2 * NOUT, sizeof(*bufs));
+    if (!bufs)
+        return 2;
+    for (int i = 0; i < NOUT; i++) {
+        bufs[i] = malloc(out_len(i) + 1);
+        bufs[NOUT + i] = malloc(out_len(i) + 1);
+        if (!bufs[i] || !bufs[NOUT + i])
+            return 2;
+        fill(bufs[i], out_len(i), (uint64_t)(me * 100000 + i));
+        if (ops->isend(c, &reqs[i], bufs[i], out_len(i)) != BRAID_OK)
+            return 3;
+        if (ops->irecv(c, &reqs[NOUT + i], bufs[NOUT + i], out_len(i)) != BRAID_OK)
+            return 3;
+    }
+    if (wait_all(reqs, 2 * NOUT, 30000) != BRAID_OK)
+        return 4;
+    for (int i = 0; i < NOUT; i++)
+        if (!check_fill(bufs[NOUT + i], out_len(i), (uint64_t)((1 - me) * 100000 + i)))
+            return 5;
+    for (int i = 0; i < 2 * NOUT; i++)
+        free(bufs[i]);
+    free(bufs);
+    return 0;
+}
+
+START_TEST(many_outstanding)
+{
+    int child;
+    set_copy_mode(_i);
+    ck_assert_int_eq(run_pair(many_side, many_side, NULL, &child), 0);
+    ck_assert_int_eq(child, 0);
+}
+END_TEST
+
+/* A receive posted for 200 bytes meets a 100-byte message. */
+static int mismatch_dialer(braid_conn *c, void *arg)
+{
+    (void)arg;
+    uint8_t buf[100] = {0};
+    if (send_blocking(c, buf, sizeof(buf)) != BRAID_OK)
+        return 3;
+    uint8_t ack;
+    recv_blocking(c, &ack, 1); /* fails when the acceptor closes: fine */
+    return 0;
+}
+
+static int mismatch_acceptor(braid_conn *c, void *arg)
+{
+    (void)arg;
+    uint8_t buf[200];
+    braid_status st = recv_blocking(c, buf, sizeof(buf));
+    if (st != BRAID_ERR_MISMATCH)
+        return 3;
+    if (!strstr(braid_last_error(), "100 bytes"))
+        return 4;
+    /* Sticky: later calls report it too. */
+    braid_req r;
+    return ops->irecv(c, &r, buf, 1) == BRAID_ERR_MISMATCH ? 0 : 5;
+}
+
+START_TEST(length_mismatch)
+{
+    int child;
+    ck_assert_int_eq(run_pair(mismatch_dialer, mismatch_acceptor, NULL, &child), 0);
+    ck_assert_int_eq(child, 0);
+}
+END_TEST
+
+static int never(braid_conn *c, void *arg)
+{
+    (void)c;
+    (void)arg;
+    return 30;
+}
+
+/* A dialler with another secret is refused and never handed out. */
+START_TEST(wrong_secret)
+{
+    int child;
+    braid_status st;
+    ck_assert_int_eq(run_pair_keyed(0x11, never, never, NULL, &child, &st, 1500), 20);
+    ck_assert_int_eq(st, BRAID_ERR_TIMEOUT);
+    ck_assert_int_eq(child, 11);
+}
+END_TEST
+
+/* Dies (SIGKILL) part-way through sending a big message. */
+static int die_mid_send(braid_conn *c, void *arg)
+{
+    (void)arg;
+    size_t len = 64 * MiB;
+    uint8_t *buf = calloc(1, len);
+    braid_req r;
+    if (!buf || ops->isend(c, &r, buf, len) != BRAID_OK)
+        return 3;
+    usleep(100000);
+    raise(SIGKILL);
+    return 4;
+}
+
+static int die_mid_recv(braid_conn *c, void *arg)
+{
+    (void)arg;
+    size_t len = 64 * MiB;
+    uint8_t *buf = malloc(len);
+    braid_req r;
+    if (!buf || ops->irecv(c, &r, buf, len) != BRAID_OK)
+        return 3;
+    for (int i = 0; i < 3; i++)
+        ops->progress(&c, 1, -1, 20);
+    raise(SIGKILL);
+    return 4;
+}
+
+/* The survivor's wait ends with BRAID_ERR_PEER naming the peer, quickly. */
+static int expect_peer_error(braid_conn *c, void *arg)
+{
+    int sending = *(int *)arg;
+    size_t len = 64 * MiB;
+    uint8_t *buf = calloc(1, len);
+    if (!buf)
+        return 2;
+    braid_req r;
+    braid_status st = sending ? ops->isend(c, &r, buf, len) : ops->irecv(c, &r, buf, len);
+    if (st != BRAID_OK)
+        return 3;
+    int64_t t0 = braid__now_ms();
+    st = wait_all(&r, 1, 20000);
+    int64_t took = braid__now_ms() - t0;
+    free(buf);
+    if (st != BRAID_ERR_PEER) {
+        fprintf(stderr, "expected BRAID_ERR_PEER, got %s\n", braid_status_string(st));
+        return 4;
+    }
+    if (!strstr(braid_last_error(), "peer 0"))
+        return 5;
+    return took < 3000 ? 0 : 6;
+}
+
+START_TEST(peer_killed)
+{
+    int child, sending = _i & 1; /* 0: the peer dies sending, we receive; 1: the reverse */
+    set_copy_mode(_i >> 1);
+    int fds_before = count_fds();
+    int rc = run_pair(sending ? die_mid_recv : die_mid_send, expect_peer_error, &sending, &child);
+    ck_assert_int_eq(rc, 0);
+    ck_assert_int_eq(child, 128 + SIGKILL);
+    ck_assert_int_eq(count_fds(), fds_before);
+    ck_assert_int_eq(dev_shm_braid_entries(), 0);
+}
+END_TEST
+
+/* Connections and listeners give back every descriptor and leave no
+ * named shared memory behind. */
+static int small_echo(braid_conn *c, void *arg)
+{
+    (void)arg;
+    uint8_t b[64];
+    fill(b, sizeof(b), 5);
+    if (c->peer == 1)
+        return send_blocking(c, b, sizeof(b)) == BRAID_OK && recv_blocking(c, b, sizeof(b)) == BRAID_OK ? 0 : 3;
+    return recv_blocking(c, b, sizeof(b)) == BRAID_OK && send_blocking(c, b, sizeof(b)) == BRAID_OK ? 0 : 3;
+}
+
+START_TEST(no_leaks)
+{
+    int before = count_fds(), child;
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(run_pair(small_echo, small_echo, NULL, &child), 0);
+        ck_assert_int_eq(child, 0);
+    }
+    ck_assert_int_eq(count_fds(), before);
+    ck_assert_int_eq(dev_shm_braid_entries(), 0);
+}
+END_TEST
+
+START_TEST(probe_ok)
+{
+    char why[128];
+    ck_assert_int_eq(ops->probe(why, sizeof(why)), BRAID_OK);
+}
+END_TEST
+
+/* ---- groups over shm ----------------------------------------------------- */
+
+typedef struct {
+    size_t count;
+} group_arg;
+
+static int check_shm_conns(braid_pg *pg)
+{
+    for (int p = 0; p < pg->size; p++)
+        if (p != pg->rank && (!pg->conns[p] || strcmp(pg->conns[p]->ops->name, "shm") != 0))
+            HARNESS_FAIL("rank %d: connection to peer %d is %s, not shm", pg->rank, p,
+                         pg->conns[p] ? pg->conns[p]->ops->name : "missing");
+    return 0;
+}
+
+static int group_body(braid_pg *pg, void *argp)
+{
+    const group_arg *a = argp;
+    int rank = braid_pg_rank(pg), n = braid_pg_size(pg);
+    if (check_shm_conns(pg))
+        return 1;
+    float *buf = malloc((a->count ? a->count : 1) * sizeof(float));
+    if (!buf)
+        HARNESS_FAIL("rank %d: out of memory", rank);
+    for (uint32_t seed = 1; seed <= 2; seed++) {
+        for (size_t i = 0; i < a->count; i++)
+            buf[i] = (float)harness_value(rank, i, seed, -100, 100);
+        braid_status st = braid_allreduce(pg, buf, buf, a->count, BRAID_F32, BRAID_SUM, NULL, NULL);
+        if (st != BRAID_OK)
+            HARNESS_FAIL("rank %d: allreduce: %s", rank, braid_last_error());
+        for (size_t i = 0; i < a->count; i++) {
+            double want = 0;
+            for (int r = 0; r < n; r++)
+                want += (double)harness_value(r, i, seed, -100, 100);
+            if (buf[i] != (float)want)
+                HARNESS_FAIL("rank %d: allreduce[%zu] = %g, want %g", rank, i, buf[i], want);
+        }
+        int root = (int)seed % n;
+        for (size_t i = 0; i < a->count; i++)
+            buf[i] = rank == root ? (float)harness_value(root, i, seed + 7, -1000, 1000) : -1.0f;
+        st = braid_broadcast(pg, buf, a->count, BRAID_F32, root, NULL, NULL);
+        if (st != BRAID_OK)
+            HARNESS_FAIL("rank %d: broadcast: %s", rank, braid_last_error());
+        for (size_t i = 0; i < a->count; i++)
+            if (buf[i] != (float)harness_value(root, i, seed + 7, -1000, 1000))
+                HARNESS_FAIL("rank %d: broadcast[%zu] = %g", rank, i, buf[i]);
+    }
+    free(buf);
+    return 0;
+}
+
+static const size_t group_counts[] = {0, 1, 1000, 262147, 4 * 1024 * 1024};
+#define NGROUP_COUNTS (sizeof(group_counts) / sizeof(group_counts[0]))
+
+START_TEST(group_collectives)
+{
+    int nranks = _i & 1 ? 4 : 2;
+    set_copy_mode(_i >> 1);
+    braid_config cfg = BRAID_CONFIG_INIT;
+    cfg.transports = "shm";
+    cfg.timeout_ms = 60000;
+    for (size_t k = 0; k < NGROUP_COUNTS; k++) {
+        group_arg a = {.count = group_counts[k]};
+        harness_result res;
+        int failed = harness_run(nranks, group_body, &a, &cfg, 120, &res);
+        ck_assert_msg(failed == 0, "%d of %d ranks failed at count %zu", failed, nranks, a.count);
+    }
+    ck_assert_int_eq(dev_shm_braid_entries(), 0);
+}
+END_TEST
+
+/* A rank killed in the middle of all-reduces: every survivor fails with an
+ * error instead of hanging. */
+static int loop_body(braid_pg *pg, void *argp)
+{
+    (void)argp;
+    size_t count = 1 << 20;
+    float *buf = calloc(count, sizeof(float));
+    if (!buf)
+        return 1;
+    for (int i = 0; i < 100000; i++) {
+        braid_status st = braid_allreduce(pg, buf, buf, count, BRAID_F32, BRAID_SUM, NULL, NULL);
+        if (st != BRAID_OK) {
+            free(buf);
+            return st == BRAID_ERR_PEER || st == BRAID_ERR_ABORTED ? 0 : 1;
+        }
+    }
+    free(buf);
+    return 1;
+}
+
+START_TEST(group_rank_killed)
+{
+    braid_config cfg = BRAID_CONFIG_INIT;
+    cfg.transports = "shm";
+    cfg.timeout_ms = 60000;
+    harness_fault fault = {.rank = 2, .after_ms = 300, .signal = SIGKILL};
+    harness_result res;
+    int failed = harness_run_faulty(4, loop_body, NULL, &cfg, 60, &fault, &res);
+    ck_assert_msg(failed == 0, "%d survivors did not fail cleanly", failed);
+    ck_assert_msg(res.fault_to_end_s < 5.0, "survivors took %.1f s to notice", res.fault_to_end_s);
+    ck_assert_int_eq(dev_shm_braid_entries(), 0);
+}
+END_TEST
+
+/* Two pretend hosts of two ranks (BRAID_HOST_ID): 0-1 and 2-3 share
+ * memory, 1-2 and 3-0 talk TCP, so every ring step waits on a connection
+ * of each transport at once. */
+static int mixed_rank(braid_pg *pg)
+{
+    int rank = pg->rank;
+    for (int p = 0; p < pg->size; p++) {
+        if (p == rank)
+            continue;
+        const char *want = p / 2 == rank / 2 ? "shm" : "tcp";
+        if (!pg->conns[p] || strcmp(pg->conns[p]->ops->name, want) != 0)
+            HARNESS_FAIL("rank %d: peer %d uses %s, want %s", rank, p,
+                         pg->conns[p] ? pg->conns[p]->ops->name : "nothing", want);
+    }
+    for (size_t k = 0; k < NGROUP_COUNTS; k++) {
+        group_arg a = {.count = group_counts[k]};
+        /* group_body insists on shm everywhere: run its collectives part. */
+        float *buf = malloc((a.count ? a.count : 1) * sizeof(float));
+        if (!buf)
+            return 1;
+        for (size_t i = 0; i < a.count; i++)
+            buf[i] = (float)harness_value(rank, i, 3, -100, 100);
+        if (braid_allreduce(pg, buf, buf, a.count, BRAID_F32, BRAID_SUM, NULL, NULL) != BRAID_OK)
+            HARNESS_FAIL("rank %d: allreduce: %s", rank, braid_last_error());
+        for (size_t i = 0; i < a.count; i++) {
+            double want = 0;
+            for (int r = 0; r < pg->size; r++)
+                want += (double)harness_value(r, i, 3, -100, 100);
+            if (buf[i] != (float)want)
+                HARNESS_FAIL("rank %d: allreduce[%zu] = %g, want %g", rank, i, buf[i], want);
+        }
+        for (size_t i = 0; i < a.count; i++)
+            buf[i] = rank == 3 ? (float)harness_value(3, i, 4, -1000, 1000) : 0.0f;
+        if (braid_broadcast(pg, buf, a.count, BRAID_F32, 3, NULL, NULL) != BRAID_OK)
+            HARNESS_FAIL("rank %d: broadcast: %s", rank, braid_last_error());
+        for (size_t i = 0; i < a.count; i++)
+            if (buf[i] != (float)harness_value(3, i, 4, -1000, 1000))
+                HARNESS_FAIL("rank %d: broadcast[%zu] = %g", rank, i, buf[i]);
+        free(buf);
+    }
+    return 0;
+}
+
+START_TEST(group_mixed_transports)
+{
+    const int n = 4;
+    braid_unique_id_t id;
+    ck_assert_int_eq(braid_unique_id(&id), BRAID_OK);
+    braid_config cfg = BRAID_CONFIG_INIT;
+    cfg.transports = _i == 0 ? "shm,tcp" : NULL; /* explicit, and the automatic choice */
+    cfg.timeout_ms = 60000;
+    pid_t pids[4];
+    for (int r = 0; r < n; r++) {
+        fflush(NULL);
+        pids[r] = fork();
+        ck_assert_int_ge(pids[r], 0);
+        if (pids[r] == 0) {
+            setenv("BRAID_HOST_ID", r < 2 ? "host-a" : "host-b", 1);
+            if (!cfg.transports)
+                unsetenv("BRAID_TRANSPORT");
+            braid_pg *pg;
+            if (braid_pg_init(&pg, r, n, &id, &cfg) != BRAID_OK) {
+                fprintf(stderr, "rank %d: init: %s\n", r, braid_last_error());
+                _exit(10);
+            }
+            int rc = mixed_rank(pg);
+            braid_pg_destroy(pg);
+            _exit(rc);
+        }
+    }
+    braid_rendezvous rv;
+    if (braid__unique_id_decode(&id, &rv) == BRAID_OK)
+        braid__prebound_release(rv.port);
+    for (int r = 0; r < n; r++)
+        ck_assert_msg(wait_child(pids[r], 180) == 0, "rank %d failed", r);
+}
+END_TEST
+
+static Suite *shm_suite(void)
+{
+    Suite *s = suite_create("shm");
+    TCase *data = tcase_create("data");
+    tcase_set_timeout(data, 120);
+    tcase_add_test(data, probe_ok);
+    tcase_add_loop_test(data, sizes_bit_exact, 0, 2);
+    tcase_add_loop_test(data, bidirectional, 0, 2);
+    tcase_add_loop_test(data, many_outstanding, 0, 2);
+    tcase_add_test(data, length_mismatch);
+    tcase_add_test(data, wrong_secret);
+    tcase_add_test(data, no_leaks);
+    suite_add_tcase(s, data);
+    TCase *fault = tcase_create("fault");
+    tcase_set_timeout(fault, 60);
+    tcase_add_loop_test(fault, peer_killed, 0, 4);
+    suite_add_tcase(s, fault);
+    TCase *group = tcase_create("group");
+    tcase_set_timeout(group, 600);
+    tcase_add_loop_test(group, group_collectives, 0, 4);
+    tcase_add_test(group, group_rank_killed);
+    tcase_add_loop_test(group, group_mixed_transports, 0, 2);
+    suite_add_tcase(s, group);
+    return s;
+}
+
+int main(void)
+{
+    char why[256] = "";
+    if (braid__shm_ops.probe(why, sizeof(why)) != BRAID_OK) {
+        printf("skipped: shared-memory transport unusable here: %s\n", why);
+        return 77;
+    }
+    SRunner *sr = srunner_create(shm_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

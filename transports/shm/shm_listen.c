@@ -1,0 +1,481 @@
+/* Shared-memory connection set-up over abstract Unix sockets.
+ *
+ * The listener binds an abstract-namespace socket (no file to leak) whose
+ * name carries the group tag, the rank and a random part. A dialling rank
+ * connects, runs the job-secret handshake as initiator, then sends the
+ * memfd and both eventfds with SCM_RIGHTS. An accept thread on the
+ * listening side authenticates each incoming socket in turn, maps the
+ * region and parks the finished connection per peer rank until accept()
+ * takes it, so a dialler never waits for the acceptor's code to reach its
+ * accept() call. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bootstrap/auth.h"
+#include "bootstrap/sock.h"
+#include "clock.h"
+#include "log.h"
+#include "shm.h"
+#include "shm_conn.h"
+#include "status.h"
+
+#define ADDR_PREFIX "unix:@"
+#define RETRY_MS 5
+
+typedef struct {
+    braid_listener base;       /* first: braid_listener * downcasts to this */
+    braid_transport_ctx ctx;
+    char addr[BRAID_ADDR_MAX];
+    int listen_fd;
+    int wake[2];
+    int hs_timeout_ms;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stopping;
+    braid_shm_conn **parked;   /* [ctx.size]: connections not yet accept()ed */
+    uint8_t *taken;            /* [ctx.size] */
+} shm_listener;
+
+static shm_listener *listener_of(braid_listener *l)
+{
+    return (shm_listener *)l;
+}
+
+/* "unix:@name" -> abstract address (leading NUL, no terminator). */
+static braid_status addr_parse(const char *text, struct sockaddr_un *sa, socklen_t *len)
+{
+    size_t plen = strlen(ADDR_PREFIX);
+    if (strncmp(text, ADDR_PREFIX, plen) != 0)
+        return braid__error(BRAID_ERR_INVALID_ARG, "shm: '%s' is not a shared-memory address", text);
+    const char *name = text + plen;
+    size_t n = strlen(name);
+    if (n == 0 || n + 1 > sizeof(sa->sun_path))
+        return braid__error(BRAID_ERR_INVALID_ARG, "shm: address '%s' has a bad length", text);
+    memset(sa, 0, sizeof(*sa));
+    sa->sun_family = AF_UNIX;
+    memcpy(sa->sun_path + 1, name, n);
+    *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+    return BRAID_OK;
+}
+
+/* Run the acceptor side of the handshake on fd, blocking until deadline. */
+static braid_status accept_handshake(shm_listener *l, int fd, int64_t deadline, braid_hello *peer)
+{
+    braid_auth_accept hs;
+    braid_hello self = {.role = BRAID_ROLE_TCP_ACCEPT, .rank = l->ctx.rank, .target = -1, .pg_tag = l->ctx.pg_tag};
+    braid_status st;
+    BRAID_CHECK(braid__auth_accept_init(&hs, l->ctx.secret, &self, BRAID_ROLE_TCP_CONNECT));
+    for (;;) {
+        BRAID_CHECK_GOTO(braid__auth_accept_step(&hs, fd), st, out_clear);
+        if (hs.state == BRAID_AUTH_VERIFIED) {
+            const braid_hello *h = &hs.peer;
+            uint32_t verdict = BRAID_AUTH_ACCEPTED;
+            if (h->pg_tag != l->ctx.pg_tag)
+                verdict = BRAID_AUTH_REJECT_GROUP;
+            else if (h->target != l->ctx.rank || h->rank >= l->ctx.size || h->rank == l->ctx.rank)
+                verdict = BRAID_AUTH_REJECT_RANK;
+            else if (h->nsocks != 1 || h->sock_index != 0)
+                verdict = BRAID_AUTH_REJECT_SOCKETS;
+            else {
+                pthread_mutex_lock(&l->mu);
+                if (l->taken[h->rank] || l->parked[h->rank])
+                    verdict = BRAID_AUTH_REJECT_DUPLICATE;
+                pthread_mutex_unlock(&l->mu);
+            }
+            if (verdict != BRAID_AUTH_ACCEPTED)
+                BRAID_WARN("rank %d: refusing shared-memory rank %d: %s", l->ctx.rank, h->rank,
+                           braid__auth_result_string(verdict));
+            braid__auth_accept_finish(&hs, verdict);
+            continue;
+        }
+        if (hs.state == BRAID_AUTH_DONE)
+            break;
+        int left = braid__ms_until(deadline);
+        if (left == 0) {
+            st = braid__error_quiet(BRAID_ERR_TIMEOUT, "no complete handshake in time");
+            goto out_clear;
+        }
+        struct pollfd p = {.fd = fd, .events = braid__auth_accept_events(&hs)};
+        if (poll(&p, 1, left) < 0 && errno != EINTR) {
+            st = braid__error_quiet(BRAID_ERR_SYSTEM, "poll: %m");
+            goto out_clear;
+        }
+    }
+    if (hs.result != BRAID_AUTH_ACCEPTED) {
+        st = braid__error_quiet(BRAID_ERR_AUTH, "refused: %s", braid__auth_result_string(hs.result));
+        goto out_clear;
+    }
+    *peer = hs.peer;
+    st = BRAID_OK;
+out_clear:
+    braid__auth_accept_clear(&hs);
+    return st;
+}
+
+/* Receive the set-up message and its three descriptors. */
+static braid_status recv_setup(int fd, int64_t deadline, braid_shm_setup *setup, int fds[3])
+{
+    union {
+        char buf[CMSG_SPACE(3 * sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    uint8_t raw[sizeof(braid_shm_setup)];
+    struct iovec iov = {.iov_base = raw, .iov_len = sizeof(raw)};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf)};
+    ssize_t n;
+    for (;;) {
+        n = recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        if (n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+            break;
+        int left = braid__ms_until(deadline);
+        if (left == 0)
+            return braid__error_quiet(BRAID_ERR_TIMEOUT, "no shared-memory set-up in time");
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        poll(&p, 1, left);
+    }
+    if (n < 0)
+        return braid__error_quiet(BRAID_ERR_PEER, "receiving the shared-memory set-up: %m");
+    int got = 0;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < k; i++) {
+            int f;
+            memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+            if (got < 3)
+                fds[got++] = f;
+            else
+                close(f); /* more than we asked for: not ours to keep */
+        }
+    }
+    if ((size_t)n != sizeof(raw) || got != 3 || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+        for (int i = 0; i < got; i++)
+            close(fds[i]);
+        return braid__error_quiet(BRAID_ERR_PEER, "malformed shared-memory set-up (%zd bytes, %d fds)", n, got);
+    }
+    memcpy(setup, raw, sizeof(*setup));
+    return BRAID_OK;
+}
+
+/* One incoming socket, start to finish. Takes fd. */
+static void take_incoming(shm_listener *l, int fd)
+{
+    int64_t deadline = braid__now_ms() + l->hs_timeout_ms;
+    braid_hello peer = {0};
+    braid_shm_setup setup;
+    int fds[3];
+    braid_shm_conn *c;
+    if (accept_handshake(l, fd, deadline, &peer) != BRAID_OK)
+        goto err_drop;
+    if (recv_setup(fd, deadline, &setup, fds) != BRAID_OK)
+        goto err_drop;
+    if (setup.magic != BRAID_SHM_MAGIC || setup.version != BRAID_WIRE_VERSION ||
+        setup.ring_bytes < 4096 || setup.ring_bytes > ((uint64_t)1 << 30) ||
+        (setup.ring_bytes & (setup.ring_bytes - 1))) {
+        braid__error_quiet(BRAID_ERR_PEER, "bad shared-memory set-up header");
+        goto err_close_fds;
+    }
+    int efd[2] = {fds[1], fds[2]};
+    if (braid_shm_conn_create(l->ctx.rank, peer.rank, 1, fd, fds[0], efd, (size_t)setup.ring_bytes, &c) != BRAID_OK)
+        goto err_close_fds;
+    pthread_mutex_lock(&l->mu);
+    l->parked[peer.rank] = c; /* the handshake refused duplicates: the slot is empty */
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+    BRAID_TRACE("rank %d: shared-memory peer %d authenticated", l->ctx.rank, peer.rank);
+    return;
+
+err_close_fds:
+    for (int i = 0; i < 3; i++)
+        close(fds[i]);
+err_drop:
+    BRAID_WARN("rank %d: dropped a shared-memory connection: %s", l->ctx.rank, braid_last_error());
+    close(fd);
+}
+
+static void *accept_main(void *arg)
+{
+    shm_listener *l = arg;
+    for (;;) {
+        struct pollfd p[2] = {{.fd = l->wake[0], .events = POLLIN}, {.fd = l->listen_fd, .events = POLLIN}};
+        int rc = poll(p, 2, -1);
+        if (rc < 0) {
+            if (errno != EINTR) {
+                BRAID_WARN("rank %d: shared-memory listener poll: %m", l->ctx.rank);
+                poll(NULL, 0, 100);
+            }
+            continue;
+        }
+        if (p[0].revents)
+            break;
+        if (!p[1].revents)
+            continue;
+        int fd = accept4(l->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == ENOBUFS) {
+                BRAID_WARN("rank %d: shared-memory accept: %m; pausing", l->ctx.rank);
+                poll(NULL, 0, 100);
+            }
+            continue;
+        }
+        take_incoming(l, fd);
+    }
+    return NULL;
+}
+
+braid_status braid_shm_listen(const braid_transport_ctx *ctx, braid_listener **listener, char addr[BRAID_ADDR_MAX])
+{
+    braid_status st;
+    if (ctx->size < 1 || ctx->rank < 0 || ctx->rank >= ctx->size)
+        return braid__error(BRAID_ERR_INVALID_ARG, "shm listen: rank %d of %d", ctx->rank, ctx->size);
+    shm_listener *l = calloc(1, sizeof(*l));
+    if (!l)
+        return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for a listener", ctx->rank);
+    l->base.ops = &braid__shm_ops;
+    l->ctx = *ctx;
+    l->hs_timeout_ms = ctx->timeout_ms > 0 && ctx->timeout_ms < BRAID_SHM_HANDSHAKE_MAX_MS
+                           ? ctx->timeout_ms
+                           : BRAID_SHM_HANDSHAKE_MAX_MS;
+    l->parked = calloc((size_t)ctx->size, sizeof(*l->parked));
+    l->taken = calloc((size_t)ctx->size, 1);
+    if (!l->parked || !l->taken) {
+        st = braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for %d peers", ctx->rank, ctx->size);
+        goto err_free;
+    }
+    uint8_t rnd[8];
+    BRAID_CHECK_GOTO(braid__random_bytes(rnd, sizeof(rnd)), st, err_free);
+    uint64_t salt;
+    memcpy(&salt, rnd, sizeof(salt));
+    snprintf(l->addr, sizeof(l->addr), ADDR_PREFIX "braid-shm-%016" PRIx64 "-%d-%016" PRIx64, ctx->pg_tag,
+             ctx->rank, salt);
+    struct sockaddr_un sa;
+    socklen_t salen;
+    BRAID_CHECK_GOTO(addr_parse(l->addr, &sa, &salen), st, err_free);
+    l->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (l->listen_fd < 0) {
+        st = braid__error(BRAID_ERR_SYSTEM, "rank %d: unix socket: %m", ctx->rank);
+        goto err_free;
+    }
+    if (bind(l->listen_fd, (struct sockaddr *)&sa, salen) != 0 || listen(l->listen_fd, 128) != 0) {
+        st = braid__error(BRAID_ERR_SYSTEM, "rank %d: listening on %s: %m", ctx->rank, l->addr);
+        goto err_close_listen;
+    }
+    if (pipe2(l->wake, O_CLOEXEC | O_NONBLOCK) != 0) {
+        st = braid__error(BRAID_ERR_SYSTEM, "rank %d: pipe: %m", ctx->rank);
+        goto err_close_listen;
+    }
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    int rc = pthread_cond_init(&l->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    if (rc != 0) {
+        st = braid__error(BRAID_ERR_SYSTEM, "rank %d: pthread_cond_init failed (%d)", ctx->rank, rc);
+        goto err_close_pipe;
+    }
+    pthread_mutex_init(&l->mu, NULL);
+    rc = pthread_create(&l->thread, NULL, accept_main, l);
+    if (rc != 0) {
+        errno = rc;
+        st = braid__error(BRAID_ERR_SYSTEM, "rank %d: cannot start the shared-memory accept thread: %m", ctx->rank);
+        goto err_destroy_sync;
+    }
+    snprintf(addr, BRAID_ADDR_MAX, "%s", l->addr);
+    BRAID_INFO("rank %d: shm listening on %s", ctx->rank, l->addr);
+    *listener = &l->base;
+    return BRAID_OK;
+
+err_destroy_sync:
+    pthread_mutex_destroy(&l->mu);
+    pthread_cond_destroy(&l->cv);
+err_close_pipe:
+    close(l->wake[0]);
+    close(l->wake[1]);
+err_close_listen:
+    close(l->listen_fd);
+err_free:
+    free(l->parked);
+    free(l->taken);
+    free(l);
+    return st;
+}
+
+braid_status braid_shm_accept(braid_listener *listener, int peer, int timeout_ms, braid_conn **conn)
+{
+    shm_listener *l = listener_of(listener);
+    if (peer < 0 || peer >= l->ctx.size)
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: accept from peer %d of a group of %d", l->ctx.rank,
+                            peer, l->ctx.size);
+    if (timeout_ms <= 0)
+        timeout_ms = l->ctx.timeout_ms > 0 ? l->ctx.timeout_ms : 300000;
+    int64_t deadline = braid__now_ms() + timeout_ms;
+    struct timespec ts = {(time_t)(deadline / 1000), (long)(deadline % 1000) * 1000000L};
+    braid_status st;
+    pthread_mutex_lock(&l->mu);
+    while (!l->stopping && !l->taken[peer] && !l->parked[peer]) {
+        if (pthread_cond_timedwait(&l->cv, &l->mu, &ts) == ETIMEDOUT && !l->parked[peer]) {
+            st = braid__error(BRAID_ERR_TIMEOUT, "rank %d: timed out after %d ms waiting for peer %d to connect to %s",
+                              l->ctx.rank, timeout_ms, peer, l->addr);
+            goto out_unlock;
+        }
+    }
+    if (l->stopping) {
+        st = braid__error(BRAID_ERR_ABORTED, "rank %d: listener closed while waiting for peer %d", l->ctx.rank, peer);
+        goto out_unlock;
+    }
+    if (l->taken[peer]) {
+        st = braid__error(BRAID_ERR_INVALID_ARG, "rank %d: the connection from peer %d was already accepted",
+                          l->ctx.rank, peer);
+        goto out_unlock;
+    }
+    braid_shm_conn *c = l->parked[peer];
+    l->parked[peer] = NULL; /* the caller owns it now */
+    l->taken[peer] = 1;
+    pthread_mutex_unlock(&l->mu);
+    BRAID_INFO("rank %d: accepted shared-memory peer %d", l->ctx.rank, peer);
+    *conn = &c->base;
+    return BRAID_OK;
+
+out_unlock:
+    pthread_mutex_unlock(&l->mu);
+    return st;
+}
+
+void braid_shm_close_listener(braid_listener *listener)
+{
+    if (!listener)
+        return;
+    shm_listener *l = listener_of(listener);
+    pthread_mutex_lock(&l->mu);
+    l->stopping = 1;
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+    ssize_t w;
+    do {
+        w = write(l->wake[1], "x", 1);
+    } while (w < 0 && errno == EINTR);
+    pthread_join(l->thread, NULL);
+    for (int r = 0; r < l->ctx.size; r++)
+        if (l->parked[r])
+            braid_shm_close(&l->parked[r]->base);
+    free(l->parked);
+    free(l->taken);
+    close(l->wake[0]);
+    close(l->wake[1]);
+    close(l->listen_fd);
+    pthread_mutex_destroy(&l->mu);
+    pthread_cond_destroy(&l->cv);
+    memset(l->ctx.secret, 0, sizeof(l->ctx.secret));
+    free(l);
+}
+
+static braid_status send_setup(int fd, size_t ring_bytes, const int fds[3], int64_t deadline, const char *what)
+{
+    braid_shm_setup setup = {.magic = BRAID_SHM_MAGIC, .version = BRAID_WIRE_VERSION, .ring_bytes = ring_bytes};
+    union {
+        char buf[CMSG_SPACE(3 * sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    memset(&u, 0, sizeof(u));
+    struct iovec iov = {.iov_base = &setup, .iov_len = sizeof(setup)};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf)};
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(3 * sizeof(int));
+    memcpy(CMSG_DATA(cm), fds, 3 * sizeof(int));
+    for (;;) {
+        ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n == (ssize_t)sizeof(setup))
+            return BRAID_OK;
+        if (n >= 0)
+            return braid__error(BRAID_ERR_PEER, "%s: short shared-memory set-up write", what);
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+            return braid__error(braid__sock_errno_status(errno), "%s: sending the shared-memory set-up: %m", what);
+        int left = braid__ms_until(deadline);
+        if (left == 0)
+            return braid__error(BRAID_ERR_TIMEOUT, "%s: timed out sending the shared-memory set-up", what);
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        poll(&p, 1, left);
+    }
+}
+
+braid_status braid_shm_connect(const braid_transport_ctx *ctx, int peer, const char *addr, int timeout_ms,
+                               braid_conn **conn)
+{
+    braid_status st;
+    char what[BRAID_ADDR_MAX + 64];
+    snprintf(what, sizeof(what), "rank %d: shared-memory peer %d (%s)", ctx->rank, peer, addr);
+    struct sockaddr_un sa;
+    socklen_t salen;
+    BRAID_CHECK(addr_parse(addr, &sa, &salen));
+    if (timeout_ms <= 0)
+        timeout_ms = ctx->timeout_ms > 0 ? ctx->timeout_ms : 300000;
+    int64_t deadline = braid__now_ms() + timeout_ms;
+    int fd = -1;
+    /* Retry while the peer is not listening yet or its backlog is full. */
+    for (;;) {
+        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            return braid__error(BRAID_ERR_SYSTEM, "%s: unix socket: %m", what);
+        if (connect(fd, (struct sockaddr *)&sa, salen) == 0)
+            break;
+        int err = errno;
+        close(fd);
+        if (err != ECONNREFUSED && err != ENOENT && err != EAGAIN && err != EINTR) {
+            errno = err;
+            return braid__error(BRAID_ERR_PEER, "%s: connect: %m", what);
+        }
+        if (braid__ms_until(deadline) == 0) {
+            errno = err;
+            return braid__error(BRAID_ERR_TIMEOUT, "%s: no listener after %d ms: %m", what, timeout_ms);
+        }
+        poll(NULL, 0, RETRY_MS);
+    }
+    braid_hello self = {.role = BRAID_ROLE_TCP_CONNECT, .rank = ctx->rank, .target = peer, .pg_tag = ctx->pg_tag,
+                        .sock_index = 0, .nsocks = 1};
+    braid_hello ph;
+    uint32_t result;
+    BRAID_CHECK_GOTO(braid__auth_initiate(fd, ctx->secret, &self, BRAID_ROLE_TCP_ACCEPT, deadline, what, &ph, &result),
+                     st, err_close_sock);
+    if (ph.rank != peer || ph.pg_tag != ctx->pg_tag) {
+        st = braid__error(BRAID_ERR_AUTH, "%s: answered as rank %d of group %016" PRIx64, what, (int)ph.rank,
+                          ph.pg_tag);
+        goto err_close_sock;
+    }
+    if (result != BRAID_AUTH_ACCEPTED) {
+        st = braid__error(BRAID_ERR_AUTH, "%s: refused us: %s", what, braid__auth_result_string(result));
+        goto err_close_sock;
+    }
+    int memfd, efd[2];
+    BRAID_CHECK_GOTO(braid_shm_region_create(ctx->rank, peer, BRAID_SHM_RING_BYTES, &memfd, efd), st, err_close_sock);
+    int fds[3] = {memfd, efd[0], efd[1]};
+    BRAID_CHECK_GOTO(send_setup(fd, BRAID_SHM_RING_BYTES, fds, deadline, what), st, err_close_region);
+    braid_shm_conn *c;
+    BRAID_CHECK_GOTO(braid_shm_conn_create(ctx->rank, peer, 0, fd, memfd, efd, BRAID_SHM_RING_BYTES, &c), st,
+                     err_close_region);
+    BRAID_INFO("rank %d: connected to shared-memory peer %d", ctx->rank, peer);
+    *conn = &c->base;
+    return BRAID_OK;
+
+err_close_region:
+    close(memfd);
+    close(efd[0]);
+    close(efd[1]);
+err_close_sock:
+    close(fd);
+    return st;
+}
