@@ -30,6 +30,9 @@
 #include "pg.h"
 #include "status.h"
 #include "transport.h"
+#ifdef BRAID_HAVE_VERBS
+#include "transports/verbs/verbs_conn.h"
+#endif
 #ifdef BRAID_VERBS_FAKE
 #include <infiniband/verbs.h>
 
@@ -337,6 +340,17 @@ START_TEST(pair_pingpong)
 }
 END_TEST
 
+/* Registration-cache hits of the device behind c (white box: the only
+ * sign that a send went zero-copy). */
+static uint64_t cache_hits(braid_conn *c)
+{
+    braid_verbs_dev *dev = braid_verbs_conn_of(c)->dev;
+    pthread_mutex_lock(&dev->mu);
+    uint64_t hits = dev->cache.stats.hits;
+    pthread_mutex_unlock(&dev->mu);
+    return hits;
+}
+
 /* Sends from memory registered with reg_mem() go zero-copy; the data must
  * be the same, and dereg_mem() must leave later staged sends intact. */
 static int side_zero_copy(int rank, braid_conn *c, void *arg)
@@ -352,15 +366,22 @@ static int side_zero_copy(int rank, braid_conn *c, void *arg)
         if (!BRAID_TRANSPORT_HAS(ops, reg_mem) || ops->reg_mem(c, buf, len, &h) != BRAID_OK)
             FAIL("rank 0: reg_mem: %s", braid_last_error());
         braid_req r[3];
+        uint64_t hits = cache_hits(c);
         if (ops->isend(c, &r[0], buf, len / 2) != BRAID_OK || ops->isend(c, &r[1], buf + len / 2, len / 2) != BRAID_OK)
             FAIL("rank 0: isend: %s", braid_last_error());
         if (wait_all(r, 2, 30000) != BRAID_OK)
             FAIL("rank 0: zero-copy sends: %s", braid_last_error());
+        if (cache_hits(c) != hits + 2)
+            FAIL("rank 0: %llu registration hits for two sends from registered memory",
+                 (unsigned long long)(cache_hits(c) - hits));
         if (ops->dereg_mem(c, h) != BRAID_OK)
             FAIL("rank 0: dereg_mem: %s", braid_last_error());
         fill(buf, len, 43);
+        hits = cache_hits(c);
         if (ops->isend(c, &r[2], buf, len) != BRAID_OK || wait_all(&r[2], 1, 30000) != BRAID_OK)
             FAIL("rank 0: staged send: %s", braid_last_error());
+        if (cache_hits(c) != hits && !getenv("BRAID_IB_REGCACHE"))
+            FAIL("rank 0: a send from deregistered memory still went zero-copy");
     } else {
         braid_req r[2];
         if (ops->irecv(c, &r[0], buf, len / 2) != BRAID_OK || ops->irecv(c, &r[1], buf + len / 2, len / 2) != BRAID_OK)
@@ -539,6 +560,16 @@ START_TEST(fake_probe_reasons)
     setenv("BRAID_IB_GID_INDEX", "2", 1);
     expect_probe(BRAID_OK, NULL);
     unsetenv("BRAID_IB_GID_INDEX");
+    const char *link = getenv("FAKE_VERBS_LINK");
+    setenv("FAKE_VERBS_LINK", "IB", 1);
+    setenv("FAKE_VERBS_LID", "0", 1);
+    expect_probe(BRAID_ERR_UNSUPPORTED, "port 1 of fake0 has no LID (is a subnet manager running?)");
+    unsetenv("FAKE_VERBS_LID");
+    expect_probe(BRAID_OK, NULL);
+    if (link)
+        setenv("FAKE_VERBS_LINK", link, 1);
+    else
+        unsetenv("FAKE_VERBS_LINK");
     check_no_leaks();
 }
 END_TEST

@@ -231,6 +231,15 @@ int ibv_query_device(struct ibv_context *context, struct ibv_device_attr *attr)
     return 0;
 }
 
+#define FAKE_LID 7
+
+/* FAKE_VERBS_LINK=IB: an InfiniBand port (LID routing) instead of RoCE. */
+static int fake_ib(void)
+{
+    const char *l = getenv("FAKE_VERBS_LINK");
+    return l && !strcmp(l, "IB");
+}
+
 int ibv_query_port(struct ibv_context *context, uint8_t port_num, struct _compat_ibv_port_attr *compat)
 {
     (void)context;
@@ -243,8 +252,14 @@ int ibv_query_port(struct ibv_context *context, uint8_t port_num, struct _compat
     pa->max_mtu = IBV_MTU_4096;
     pa->active_mtu = IBV_MTU_4096;
     pa->gid_tbl_len = NGIDS;
-    pa->lid = 0;
-    pa->link_layer = IBV_LINK_LAYER_ETHERNET;
+    if (fake_ib()) {
+        const char *lid = getenv("FAKE_VERBS_LID");
+        pa->lid = (uint16_t)(lid ? atoi(lid) : FAKE_LID);
+        pa->link_layer = IBV_LINK_LAYER_INFINIBAND;
+    } else {
+        pa->lid = 0;
+        pa->link_layer = IBV_LINK_LAYER_ETHERNET;
+    }
     pa->max_msg_sz = 1u << 31;
     pa->pkey_tbl_len = 1;
     return 0;
@@ -680,11 +695,16 @@ int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask)
         union ibv_gid sgid;
         uint32_t type;
         static const uint8_t zero[16];
+        /* RoCE needs a GRH with valid GIDs; InfiniBand a LID, and a GRH
+         * only if one is given, then valid too. */
+        int grh_ok = a->ah_attr.grh.sgid_index < NGIDS && gid_at(a->ah_attr.grh.sgid_index, &sgid, &type) == 0 &&
+                     memcmp(a->ah_attr.grh.dgid.raw, zero, 16) && a->ah_attr.grh.hop_limit != 0;
+        int path_ok = fake_ib() ? a->ah_attr.dlid == FAKE_LID && (!a->ah_attr.is_global || grh_ok)
+                                : a->ah_attr.is_global && grh_ok;
         if (!need(mask, req, "INIT->RTR") || a->path_mtu < IBV_MTU_256 || a->path_mtu > IBV_MTU_4096 ||
-            a->dest_qp_num > 0xFFFFFF || a->rq_psn > 0xFFFFFF || a->ah_attr.port_num != 1 || !a->ah_attr.is_global ||
-            a->ah_attr.grh.sgid_index >= NGIDS || gid_at(a->ah_attr.grh.sgid_index, &sgid, &type) != 0 ||
-            !memcmp(a->ah_attr.grh.dgid.raw, zero, 16) || a->ah_attr.grh.hop_limit == 0) {
-            fprintf(stderr, "verbs fake: INIT->RTR with bad attributes (RoCE needs a GRH with valid GIDs)\n");
+            a->dest_qp_num > 0xFFFFFF || a->rq_psn > 0xFFFFFF || a->ah_attr.port_num != 1 || !path_ok) {
+            fprintf(stderr, "verbs fake: INIT->RTR with a bad address vector for %s\n",
+                    fake_ib() ? "InfiniBand" : "RoCE");
             err = EINVAL;
         } else {
             q->dest_qpn = a->dest_qp_num;

@@ -19,7 +19,9 @@
 
 /* Environment read by the fake at ibv_get_device_list / ibv_query_port:
  *   FAKE_VERBS_DEVICES=0        no devices
- *   FAKE_VERBS_PORT_STATE=DOWN  the port is DOWN */
+ *   FAKE_VERBS_PORT_STATE=DOWN  the port is DOWN
+ *   FAKE_VERBS_LINK=IB          an InfiniBand port (LID 7) instead of RoCE
+ *   FAKE_VERBS_LID=n            that port's LID (0: no subnet manager) */
 
 /* Live objects (contexts, PDs, MRs, CQs, QPs, channels); 0 after a clean
  * teardown. desc gets a breakdown. */

@@ -64,7 +64,11 @@ static braid_status alloc_ring(braid_verbs_conn *c, size_t bytes, int access, vo
                                const char *what)
 {
     long page = sysconf(_SC_PAGESIZE);
-    if (posix_memalign(ring, page > 0 ? (size_t)page : 4096, bytes) != 0) {
+    size_t pg = page > 0 ? (size_t)page : 4096;
+    /* Whole pages: with ibv_fork_init a registration hides its pages from
+     * forked children, which must not take a neighbour's heap with it. */
+    bytes = (bytes + pg - 1) / pg * pg;
+    if (posix_memalign(ring, pg, bytes) != 0) {
         *ring = NULL;
         return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: peer %d: cannot allocate the %zu-byte %s", c->rank,
                             c->base.peer, bytes, what);

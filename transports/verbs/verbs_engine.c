@@ -82,7 +82,7 @@ void braid_verbs_engine_fini(braid_verbs_engine *e)
 braid_status braid_verbs_engine_fail(braid_verbs_engine *e, braid_status status, const char *fmt, ...)
 {
     if (e->error != BRAID_OK)
-        return e->error;
+        return braid_verbs_engine_error(e); /* the first failure stands */
     char cause[256];
     va_list ap;
     va_start(ap, fmt);
