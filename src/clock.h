@@ -1,4 +1,4 @@
-/* Monotonic clock in milliseconds, for deadlines. */
+/* Monotonic clock in milliseconds (deadlines) and microseconds (spins). */
 #ifndef BRAID_CLOCK_H
 #define BRAID_CLOCK_H
 
@@ -10,6 +10,13 @@ static inline int64_t braid__now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static inline int64_t braid__now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
 #endif

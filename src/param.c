@@ -15,6 +15,7 @@ const braid_param_info braid__params[] = {
     {"BRAID_HOST_ID", NULL, "ranks with equal values share memory (default: host name, boot id, network namespace)"},
     {"BRAID_SOCKET_IFNAME", NULL, "network interface for TCP (default: the route to rank 0)"},
     {"BRAID_NSOCKS", "2", "TCP sockets per peer connection"},
+    {"BRAID_SPIN_US", "50", "tcp: microseconds to retry sockets before sleeping in poll() (0: sleep at once)"},
     {"BRAID_CHUNK_BYTES", "524288", "pipeline chunk size of the ring algorithms"},
     {"BRAID_ALGO", "auto", "all-reduce algorithm: auto, ring, rd (recursive doubling)"},
     {"BRAID_CHECKSUM", "0", "1: CRC32C every chunk and fail on a mismatch"},

@@ -142,7 +142,11 @@ braid_status braid__work_submit(braid_pg *pg, const braid_coll *coll, braid_work
         braid__coll_release(&c);
         pthread_mutex_lock(&pg->mu);
         pg->busy = 0;
-        pthread_cond_broadcast(&pg->cv);
+        /* Only queued work or a stopping destroy waits for the group to go
+         * idle; waking the progress thread otherwise costs every small
+         * collective a thread switch and a contended lock. */
+        if (pg->queue_head || pg->stopping)
+            pthread_cond_broadcast(&pg->cv);
         pthread_mutex_unlock(&pg->mu);
         return st;
     }

@@ -8,6 +8,8 @@
  * blocks except progress(), and that only in poll() when nothing moved. */
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,7 +17,9 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include "clock.h"
 #include "log.h"
+#include "param.h"
 #include "status.h"
 #include "tcp_conn.h"
 
@@ -352,6 +356,37 @@ static short sock_events(const braid_tcp_sock *s)
     return ev;
 }
 
+/* Microseconds to keep retrying before sleeping in poll(): a loopback or
+ * LAN reply often arrives within tens of microseconds, and a poll() sleep
+ * and wake-up costs about as much as the transfer of a small message. */
+static int spin_us(void)
+{
+    static _Atomic int cached = -1;
+    int v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (v < 0) {
+        long long x = braid__param_int("BRAID_SPIN_US", 50);
+        v = x < 0 ? 0 : x > 100000 ? 100000 : (int)x;
+        atomic_store_explicit(&cached, v, memory_order_relaxed);
+    }
+    return v;
+}
+
+/* Busy-retry the connections for up to spin_us(); yields the CPU between
+ * tries so that ranks sharing a core still make progress. */
+static braid_status spin(braid_conn **conns, int nconns, int *moved)
+{
+    int us = spin_us();
+    if (us == 0)
+        return BRAID_OK;
+    int64_t until = braid__now_us() + us;
+    do {
+        sched_yield();
+        for (int i = 0; i < nconns; i++)
+            BRAID_CHECK(conn_progress(braid_tcp_conn_of(conns[i]), moved));
+    } while (!*moved && braid__now_us() < until);
+    return BRAID_OK;
+}
+
 braid_status braid_tcp_progress(braid_conn **conns, int nconns, int wake_fd, int timeout_ms)
 {
     int moved = 0, total = 0;
@@ -366,6 +401,9 @@ braid_status braid_tcp_progress(braid_conn **conns, int nconns, int wake_fd, int
         total += c->nsocks;
     }
     if (moved || timeout_ms == 0)
+        return BRAID_OK;
+    BRAID_CHECK(spin(conns, nconns, &moved));
+    if (moved)
         return BRAID_OK;
 
     struct pollfd stack_fds[POLL_STACK_FDS];
