@@ -1,4 +1,5 @@
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "log.h"
@@ -15,7 +16,7 @@ const braid_param_info braid__params[] = {
     {"BRAID_HOST_ID", NULL, "ranks with equal values share memory (default: host name, boot id, network namespace)"},
     {"BRAID_SOCKET_IFNAME", NULL, "network interface for TCP (default: the route to rank 0)"},
     {"BRAID_NSOCKS", "2", "TCP sockets per peer connection"},
-    {"BRAID_SPIN_US", "50", "tcp: microseconds to retry sockets before sleeping in poll() (0: sleep at once)"},
+    {"BRAID_SPIN_US", "50", "tcp, shm: microseconds to retry before sleeping in poll() (0: sleep at once)"},
     {"BRAID_CHUNK_BYTES", "524288", "pipeline chunk size of the ring algorithms"},
     {"BRAID_ALGO", "auto", "all-reduce algorithm: auto, ring, rd (recursive doubling)"},
     {"BRAID_CHECKSUM", "0", "1: CRC32C every chunk and fail on a mismatch"},
@@ -53,4 +54,16 @@ long long braid__param_int(const char *name, long long def)
         return def;
     }
     return x;
+}
+
+int braid__spin_us(void)
+{
+    static _Atomic int cached = -1;
+    int v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (v < 0) {
+        long long x = braid__param_int("BRAID_SPIN_US", 50);
+        v = x < 0 ? 0 : x > 100000 ? 100000 : (int)x;
+        atomic_store_explicit(&cached, v, memory_order_relaxed);
+    }
+    return v;
 }

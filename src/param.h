@@ -21,4 +21,9 @@ long long braid__param_int(const char *name, long long def);
 /* String value, or NULL when unset or empty. */
 const char *braid__param_str(const char *name);
 
+/* BRAID_SPIN_US, read once: how long a transport retries before it sleeps.
+ * A loopback or LAN reply often arrives within tens of microseconds, and a
+ * sleep and wake-up costs about as much as moving a small message. */
+int braid__spin_us(void);
+
 #endif

@@ -244,7 +244,7 @@ END_TEST
 START_TEST(test_many_ranks)
 {
     /* Group sizes up to 64: odd and power-of-two, small and mid counts. */
-    static const int sizes[] = {5, 16, 33};
+    static const int sizes[] = {5, 16, 33, 64};
     run_or_fail(sizes[_i], async_body, BRAID_ALGO_AUTO, 120);
 }
 END_TEST
@@ -259,7 +259,7 @@ int main(void)
     tcase_add_loop_test(tc, test_matrix_ring, 1, nrc);
     tcase_add_loop_test(tc, test_matrix_rd, 1, nrc);
     tcase_add_loop_test(tc, test_async, 1, nrc);
-    tcase_add_loop_test(tc, test_many_ranks, 0, 3);
+    tcase_add_loop_test(tc, test_many_ranks, 0, 4);
     suite_add_tcase(s, tc);
     TCase *big = tcase_create("large");
     tcase_set_timeout(big, 300);

@@ -26,10 +26,13 @@ braid_status braid__rd_allreduce(braid_algo_run *run)
     int n = pg->size, rank = pg->rank;
     size_t esize = braid_dtype_size(coll->dtype), bytes = coll->count * esize;
     uint8_t *buf = coll->recv;
+    /* Our operand: the send buffer until the first combine writes buf, so
+     * out of place costs no extra copy. */
+    const uint8_t *mine = coll->send;
 
-    if (buf != coll->send && bytes)
-        memmove(buf, coll->send, bytes);
     if (n == 1) {
+        if (buf != mine && bytes)
+            memmove(buf, mine, bytes);
         braid__reduce_scale(coll->dtype, coll->op, buf, coll->count, 1);
         return BRAID_OK;
     }
@@ -44,11 +47,12 @@ braid_status braid__rd_allreduce(braid_algo_run *run)
     if (rank < 2 * rem) {
         if (rank % 2 == 0) {
             /* Folded out: give our data away, get the result back. */
-            BRAID_CHECK(braid__algo_sendrecv(run, rank + 1, buf, bytes, -1, NULL, 0, 1));
+            BRAID_CHECK(braid__algo_sendrecv(run, rank + 1, mine, bytes, -1, NULL, 0, 1));
             return braid__algo_sendrecv(run, -1, NULL, 0, rank + 1, buf, bytes, 1);
         }
         BRAID_CHECK(braid__algo_sendrecv(run, -1, NULL, 0, rank - 1, theirs, bytes, 1));
-        braid__reduce(coll->dtype, coll->op, buf, theirs, buf, coll->count);
+        braid__reduce(coll->dtype, coll->op, buf, theirs, mine, coll->count);
+        mine = buf;
         vrank = rank / 2;
     } else {
         vrank = rank - rem;
@@ -58,12 +62,13 @@ braid_status braid__rd_allreduce(braid_algo_run *run)
         int partner = real_rank(vrank ^ mask, rem);
         /* Fingerprints travel on every link exactly once: the fold links
          * above, and the first exchange here. */
-        BRAID_CHECK(braid__algo_sendrecv(run, partner, buf, bytes, partner, theirs, bytes, mask == 1));
-        const void *lo = partner < rank ? theirs : buf, *hi = partner < rank ? buf : theirs;
+        BRAID_CHECK(braid__algo_sendrecv(run, partner, mine, bytes, partner, theirs, bytes, mask == 1));
+        const void *lo = partner < rank ? theirs : mine, *hi = partner < rank ? mine : theirs;
         if (mask * 2 == pof2)
             braid__reduce_final(coll->dtype, coll->op, buf, lo, hi, coll->count, n);
         else
             braid__reduce(coll->dtype, coll->op, buf, lo, hi, coll->count);
+        mine = buf;
     }
 
     if (rank < 2 * rem) /* odd: hand the result back to the folded rank */

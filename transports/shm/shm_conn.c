@@ -88,7 +88,7 @@ braid_status braid_shm_conn_create(int rank, int peer, int side, int sock, int m
     braid_shm_conn *c = calloc(1, sizeof(*c));
     if (!c)
         return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for a connection to peer %d", rank, peer);
-    void *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, memfd, 0);
+    void *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
     if (map == MAP_FAILED) {
         free(c);
         return braid__error(BRAID_ERR_SYSTEM, "rank %d: mapping %zu bytes shared with peer %d: %m", rank, bytes,

@@ -438,12 +438,20 @@ braid_status braid_shm_progress(braid_conn **conns, int nconns, int wake_fd, int
 {
     int moved = 0;
     BRAID_CHECK(pass_all(conns, nconns, &moved));
-    for (int i = 0; !moved && i < SPIN_PASSES + YIELD_PASSES; i++) {
-        if (i < SPIN_PASSES)
-            cpu_relax();
-        else
-            sched_yield();
+    for (int i = 0; !moved && i < SPIN_PASSES; i++) {
+        cpu_relax();
         BRAID_CHECK(pass_all(conns, nconns, &moved));
+    }
+    /* Then yield between passes for up to BRAID_SPIN_US before sleeping:
+     * a peer on another core answers within microseconds, and one sharing
+     * our core gets it. */
+    if (!moved && timeout_ms != 0) {
+        int64_t until = braid__now_us() + braid__spin_us();
+        int i = 0;
+        do {
+            sched_yield();
+            BRAID_CHECK(pass_all(conns, nconns, &moved));
+        } while (!moved && (++i < YIELD_PASSES || braid__now_us() < until));
     }
     if (moved)
         return BRAID_OK;

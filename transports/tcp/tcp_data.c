@@ -9,7 +9,6 @@
 #include <errno.h>
 #include <poll.h>
 #include <sched.h>
-#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -356,26 +355,11 @@ static short sock_events(const braid_tcp_sock *s)
     return ev;
 }
 
-/* Microseconds to keep retrying before sleeping in poll(): a loopback or
- * LAN reply often arrives within tens of microseconds, and a poll() sleep
- * and wake-up costs about as much as the transfer of a small message. */
-static int spin_us(void)
-{
-    static _Atomic int cached = -1;
-    int v = atomic_load_explicit(&cached, memory_order_relaxed);
-    if (v < 0) {
-        long long x = braid__param_int("BRAID_SPIN_US", 50);
-        v = x < 0 ? 0 : x > 100000 ? 100000 : (int)x;
-        atomic_store_explicit(&cached, v, memory_order_relaxed);
-    }
-    return v;
-}
-
 /* Busy-retry the connections for up to spin_us(); yields the CPU between
  * tries so that ranks sharing a core still make progress. */
 static braid_status spin(braid_conn **conns, int nconns, int *moved)
 {
-    int us = spin_us();
+    int us = braid__spin_us();
     if (us == 0)
         return BRAID_OK;
     int64_t until = braid__now_us() + us;
