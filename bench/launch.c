@@ -13,9 +13,17 @@
 
 #include "bench.h"
 
+/* The rank/size pairs braid_pg_init_env reads, in its order. */
 int bench_have_launcher_env(void)
 {
-    return (getenv("RANK") && getenv("WORLD_SIZE")) || getenv("OMPI_COMM_WORLD_RANK") || getenv("SLURM_PROCID");
+    static const char *const pairs[][2] = {{"RANK", "WORLD_SIZE"},
+                                           {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+                                           {"PMI_RANK", "PMI_SIZE"},
+                                           {"SLURM_PROCID", "SLURM_NTASKS"}};
+    for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++)
+        if (getenv(pairs[i][0]) && getenv(pairs[i][1]))
+            return 1;
+    return 0;
 }
 
 void bench_config(const bench_opts *opts, braid_config *cfg)
@@ -98,6 +106,7 @@ int bench_spawn_local(const bench_opts *opts)
             break;
         }
         if (pid == 0) {
+            free(pids); /* the parent's bookkeeping */
             int crc = child_main(opts, r, &id, self);
             fflush(stdout);
             _exit(crc);
