@@ -45,6 +45,7 @@ typedef struct {
     const char *csv_path;
     const char *plot_path;
     const char *label;   /* series name in csv and plot; NULL: derived */
+    int gpu;             /* -g 1: CUDA device buffers, one GPU per rank */
 } bench_opts;
 
 /* One timed measurement (one half of a table row). */
@@ -126,6 +127,16 @@ int bench_plot(const char *png_path, const char *const *csv_paths, int ncsv);
 /* run.c: the per-rank benchmark, on an initialized group. Returns this
  * rank's BENCH_EXIT_* code. */
 int bench_run(braid_pg *pg, const bench_opts *opts);
+
+/* device.c: -g 1, CUDA device buffers through the driver API (dlopen).
+ * Every function returns 0 / non-NULL on success, else the reason is in
+ * bench_device_error(). */
+int bench_device_init(int local_rank, int *device, char *name, size_t name_len);
+const char *bench_device_error(void);
+void *bench_device_alloc(size_t bytes);
+void bench_device_free(void *p);
+int bench_device_put(void *dst, const void *src, size_t bytes); /* host -> device */
+int bench_device_get(void *dst, const void *src, size_t bytes); /* device -> host */
 
 /* launch.c */
 /* 1 when torchrun, mpirun or srun set up this process. */

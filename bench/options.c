@@ -24,12 +24,14 @@ static void usage(FILE *out, const char *prog)
             "  -o, --op OP               sum prod min max avg | all (all-reduce)\n"
             "  -r, --root N              broadcast root (default 0)\n"
             "  -N, --nranks N            local ranks to spawn when no launcher is found (default 4)\n"
-            "  -a, --algo auto|ring|rd   collective algorithm (default auto)\n"
+            "  -a, --algo ALGO           auto ring rd hier: collective algorithm (default auto)\n"
             "  -T, --timeout SEC         group timeout for every blocking wait\n"
             "      --csv FILE            append rows to FILE (written with a header when new)\n"
             "      --plot FILE.png       plot busbw vs size (gnuplot) of this run, or of --csv FILE\n"
             "      --label NAME          series name in the csv and the plot\n"
-            "  -t, -g 1                  accepted for nccl-tests compatibility (one rank per process)\n"
+            "  -g, --ngpus 0|1           1: CUDA device buffers, one GPU per rank (local rank modulo the\n"
+            "                            visible devices; ranks may share one); 0: host memory (default)\n"
+            "  -t 1                      accepted for nccl-tests compatibility (one rank per process)\n"
             "Under torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), mpirun (OMPI_COMM_WORLD_*)\n"
             "or srun (SLURM_PROCID, SLURM_NTASKS) each process is one rank; otherwise -N local ranks\n"
             "are forked on this host. Rank 0 prints the nccl-tests table.\n",
@@ -132,8 +134,10 @@ static int parse_algo(const char *text, braid_algo *algo)
         *algo = BRAID_ALGO_RING;
     else if (strcasecmp(text, "rd") == 0 || strcasecmp(text, "recursive_doubling") == 0)
         *algo = BRAID_ALGO_RECURSIVE_DOUBLING;
+    else if (strcasecmp(text, "hier") == 0 || strcasecmp(text, "hierarchical") == 0)
+        *algo = BRAID_ALGO_HIER;
     else {
-        fprintf(stderr, "braid-bench: unknown algorithm '%s' (auto ring rd)\n", text);
+        fprintf(stderr, "braid-bench: unknown algorithm '%s' (auto ring rd hier)\n", text);
         return -1;
     }
     return 0;
@@ -252,10 +256,16 @@ int bench_parse_args(int argc, char **argv, bench_opts *o)
             o->timeout_s = (int)v;
             break;
         case 't':
-        case 'g':
             /* One rank per process, one process per rank: only 1 makes sense. */
-            if (parse_int(optarg, c == 't' ? "thread count" : "gpu count", 1, 1, &v))
+            if (parse_int(optarg, "thread count", 1, 1, &v))
                 return -1;
+            break;
+        case 'g':
+            /* One GPU per rank at most (nccl-tests' -g counts GPUs per
+             * thread); 0 keeps host buffers. */
+            if (parse_int(optarg, "gpu count", 0, 1, &v))
+                return -1;
+            o->gpu = (int)v;
             break;
         case OPT_CSV:
             o->csv_path = optarg;

@@ -17,7 +17,8 @@ typedef struct {
     braid_pg *pg;
     const bench_opts *o;
     int rank, nranks;
-    void *send, *recv;
+    void *send, *recv;    /* what the collectives get: device memory with -g 1 */
+    void *hsend, *hrecv;  /* -g 1: host mirrors for filling and checking */
     uint32_t seed;        /* verification round, varies the data */
     long long wrong_total;
 } run_ctx;
@@ -86,26 +87,46 @@ static int coll_once(run_ctx *c, size_t count, braid_dtype dtype, braid_op op, i
     return 0;
 }
 
+/* Host memory standing for buf (one of c->send, c->recv): itself, or its
+ * mirror with -g 1. */
+static void *host_of(const run_ctx *c, const void *buf)
+{
+    if (!c->o->gpu)
+        return (void *)buf;
+    return buf == c->send ? c->hsend : c->hrecv;
+}
+
+/* With -g 1, copy the host mirror of buf to the device. */
+static int upload(const run_ctx *c, void *buf, size_t bytes)
+{
+    if (!c->o->gpu || bench_device_put(buf, host_of(c, buf), bytes) == 0)
+        return 0;
+    fprintf(stderr, "braid-bench: rank %d: %s\n", c->rank, bench_device_error());
+    return -1;
+}
+
 /* Fill the buffers a collective reads with the pattern's input and the
  * buffers it must write with junk. */
-static void fill(run_ctx *c, const bench_pattern *pat, size_t count, int in_place)
+static int fill(run_ctx *c, const bench_pattern *pat, size_t count, braid_dtype dtype, int in_place)
 {
     const void *send;
     void *recv;
+    size_t bytes = count * braid_dtype_size(dtype);
     if (c->o->coll == BENCH_ALLREDUCE) {
         if (in_place) {
-            bench_pattern_fill_input(pat, c->recv, count);
-        } else {
-            bench_pattern_fill_input(pat, c->send, count);
-            bench_pattern_fill_junk(pat, c->recv, count);
+            bench_pattern_fill_input(pat, host_of(c, c->recv), count);
+            return upload(c, c->recv, bytes);
         }
-        return;
+        bench_pattern_fill_input(pat, host_of(c, c->send), count);
+        bench_pattern_fill_junk(pat, host_of(c, c->recv), count);
+        return upload(c, c->send, bytes) || upload(c, c->recv, bytes) ? -1 : 0;
     }
     coll_buffers(c, in_place, &send, &recv);
     if (c->rank == c->o->root)
-        bench_pattern_fill_input(pat, recv, count);
+        bench_pattern_fill_input(pat, host_of(c, recv), count);
     else
-        bench_pattern_fill_junk(pat, recv, count);
+        bench_pattern_fill_junk(pat, host_of(c, recv), count);
+    return upload(c, recv, bytes);
 }
 
 static int verify(run_ctx *c, size_t count, braid_dtype dtype, braid_op op, int in_place, long long *wrong)
@@ -118,11 +139,17 @@ static int verify(run_ctx *c, size_t count, braid_dtype dtype, braid_op op, int 
         fprintf(stderr, "braid-bench: rank %d: out of memory building check data\n", c->rank);
         return -1;
     }
-    fill(c, pat, count, in_place);
-    int rc = coll_once(c, count, dtype, op, in_place);
+    int rc = fill(c, pat, count, dtype, in_place);
+    if (rc == 0)
+        rc = coll_once(c, count, dtype, op, in_place);
     if (rc == 0) {
         coll_buffers(c, in_place, &send, &recv);
-        long long w = bench_pattern_check(pat, recv, count);
+        if (c->o->gpu && bench_device_get(host_of(c, recv), recv, count * braid_dtype_size(dtype)) != 0) {
+            fprintf(stderr, "braid-bench: rank %d: %s\n", c->rank, bench_device_error());
+            bench_pattern_destroy(pat);
+            return -1;
+        }
+        long long w = bench_pattern_check(pat, host_of(c, recv), count);
         int64_t total = w;
         rc = reduce_scalar(c, &total, BRAID_I64, BRAID_SUM, "#wrong all-reduce");
         *wrong = total;
@@ -147,8 +174,10 @@ static int bench_time(run_ctx *c, size_t count, braid_dtype dtype, braid_op op, 
         fprintf(stderr, "braid-bench: rank %d: out of memory building input data\n", c->rank);
         return -1;
     }
-    fill(c, pat, count, in_place);
+    int filled = fill(c, pat, count, dtype, in_place);
     bench_pattern_destroy(pat);
+    if (filled)
+        return -1;
 
     if (coll_once(c, count, dtype, op, in_place) || barrier(c))
         return -1;
@@ -270,13 +299,28 @@ int bench_run(braid_pg *pg, const bench_opts *opts)
         return BENCH_EXIT_USAGE;
     }
     size_t cap = opts->max_bytes + 8; /* room for the widest element */
-    if (posix_memalign(&c.send, 4096, cap) || posix_memalign(&c.recv, 4096, cap)) {
+    if (posix_memalign(&c.hsend, 4096, cap) || posix_memalign(&c.hrecv, 4096, cap)) {
         fprintf(stderr, "braid-bench: rank %d: cannot allocate 2 x %zu bytes\n", c.rank, cap);
         setup_failed = 1;
     } else {
         /* Fault every page in now, not inside the first timed loop. */
-        memset(c.send, 0, cap);
-        memset(c.recv, 0, cap);
+        memset(c.hsend, 0, cap);
+        memset(c.hrecv, 0, cap);
+        c.send = c.hsend;
+        c.recv = c.hrecv;
+    }
+    if (opts->gpu && !setup_failed) {
+        int dev = -1;
+        char name[128] = "";
+        if (bench_device_init(braid_pg_local_rank(pg), &dev, name, sizeof(name)) != 0) {
+            fprintf(stderr, "braid-bench: rank %d: -g 1 needs a CUDA device: %s\n", c.rank, bench_device_error());
+            setup_failed = 1;
+        } else if (!(c.send = bench_device_alloc(cap)) || !(c.recv = bench_device_alloc(cap))) {
+            fprintf(stderr, "braid-bench: rank %d: device buffers: %s\n", c.rank, bench_device_error());
+            setup_failed = 1;
+        } else if (getenv("BRAID_BENCH_VERBOSE")) {
+            fprintf(stderr, "braid-bench: rank %d: CUDA device %d (%s)\n", c.rank, dev, name);
+        }
     }
 
     /* Rank 0 owns the outputs; a problem there must stop every rank, so
@@ -331,7 +375,13 @@ out_free:
         fclose(rep.csv); /* still open only when the run failed */
     if (tmp_csv[0])
         unlink(tmp_csv);
-    free(c.send);
-    free(c.recv);
+    if (opts->gpu) {
+        if (c.send != c.hsend)
+            bench_device_free(c.send);
+        if (c.recv != c.hrecv)
+            bench_device_free(c.recv);
+    }
+    free(c.hsend);
+    free(c.hrecv);
     return rc;
 }

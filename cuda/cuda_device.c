@@ -5,7 +5,9 @@
  * cudart is linked statically: the first runtime call dlopens the driver,
  * and on a machine without one it fails with an error code instead of the
  * process failing to load. That first call happens in probe(), once. */
+#include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 
 #include <cuda_runtime_api.h>
@@ -78,12 +80,73 @@ int braid__cuda_sm_count(int device)
     return n;
 }
 
+/* Can device memory exist in this process yet? Device memory needs a
+ * CUDA context, and a context needs the driver, so until some code has
+ * loaded libcuda.so.1 (dlopen with RTLD_NOLOAD loads nothing) and made a
+ * context (current on this thread, or a device's primary context active:
+ * what the runtime API and the frameworks on it use), every pointer is host
+ * memory and no CUDA call is needed. A CPU-only job therefore never loads
+ * or initializes CUDA through braid, and pays one dlopen lookup and, once
+ * the driver is loaded, a few driver queries per call until a context
+ * shows up; from then on the answer is cached. Not seen: memory of a
+ * context made with cuCtxCreate on another thread and never current on
+ * the calling one (runtime-API programs never have such contexts). */
+typedef int (*cu_ctx_get_current_fn)(void **ctx);
+typedef int (*cu_device_get_count_fn)(int *n);
+typedef int (*cu_primary_ctx_get_state_fn)(int dev, unsigned *flags, int *active);
+
+static int contexts_may_exist(void)
+{
+#ifdef BRAID_CUDA_FAKE
+    return 1; /* tests/cuda_fake.c stands in for the runtime: there is no driver to ask */
+#else
+    static atomic_int seen;
+    static cu_ctx_get_current_fn get_current;
+    static cu_device_get_count_fn get_count;
+    static cu_primary_ctx_get_state_fn primary_state;
+    static atomic_int resolved;
+    if (atomic_load_explicit(&seen, memory_order_acquire))
+        return 1;
+    static pthread_mutex_t resolve_mu = PTHREAD_MUTEX_INITIALIZER;
+    if (!atomic_load_explicit(&resolved, memory_order_acquire)) {
+        void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+        if (!h)
+            return 0; /* nobody loaded the driver: no context, no device memory */
+        /* The handle is kept: the driver stays loaded for the process's
+         * life anyway. */
+        pthread_mutex_lock(&resolve_mu);
+        if (!atomic_load_explicit(&resolved, memory_order_relaxed)) {
+            *(void **)&get_current = dlsym(h, "cuCtxGetCurrent");
+            *(void **)&get_count = dlsym(h, "cuDeviceGetCount");
+            *(void **)&primary_state = dlsym(h, "cuDevicePrimaryCtxGetState");
+            atomic_store_explicit(&resolved, 1, memory_order_release);
+        }
+        pthread_mutex_unlock(&resolve_mu);
+    }
+    if (!get_current || !get_count || !primary_state) {
+        atomic_store(&seen, 1); /* an unexpected driver: ask cudart per pointer */
+        return 1;
+    }
+    void *ctx = NULL;
+    int n = 0, found = get_current(&ctx) == 0 && ctx != NULL;
+    if (!found && get_count(&n) == 0) /* fails (not initialized) before anyone ran cuInit */
+        for (int d = 0; d < n && !found; d++) {
+            unsigned flags = 0;
+            int active = 0;
+            found = primary_state(d, &flags, &active) == 0 && active;
+        }
+    if (found)
+        atomic_store_explicit(&seen, 1, memory_order_release);
+    return found;
+#endif
+}
+
 braid_cuda_ptr_kind braid__cuda_ptr_kind(const void *p, int *device)
 {
     struct cudaPointerAttributes attr;
     if (device)
         *device = -1;
-    if (p == NULL || !braid__cuda_available())
+    if (p == NULL || !contexts_may_exist() || !braid__cuda_available())
         return BRAID_CUDA_PTR_HOST;
     if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
         (void)cudaGetLastError(); /* an unknown pointer is host memory */

@@ -14,6 +14,15 @@
  *    has copied its result back (or failed, or was dropped unrun), so later
  *    kernels on the stream see the result without the caller waiting.
  *
+ *  - All-reduces larger than one piece on device buffers (send and recv
+ *    both device memory) do not stage whole pieces: they run the ring
+ *    here (device ring, below) with the reduction on the GPU. Chunks
+ *    arrive in pinned slots, go up on h2d and are reduced by the fused
+ *    kernel on a braid compute stream into recv; reduced chunks go down on
+ *    d2h to be sent. Copies, kernels and transfers of different chunks
+ *    overlap; the segmentation is the host ring's, so results are bit for
+ *    bit those of a host call of the same size.
+ *
  * The host function only waits on a condition variable and never calls
  * CUDA (which host functions must not do); whatever CUDA teardown a job
  * needs is done on the job's side. Pinned buffers are allocated once per
@@ -32,6 +41,13 @@
 #include "hmem.h"
 #include "log.h"
 #include "status.h"
+#include "transport.h"
+
+/* Device ring windows: receives in flight (each owns a pinned and a
+ * device slot until its data went up and, in the all-gather, was sent on)
+ * and sends staged ahead of completion: the host ring's windows. */
+#define DRING_RECV_SLOTS 4
+#define DRING_SEND_SLOTS 8
 
 /* Per-group staging state, made by the first device call. */
 struct braid_hmem {
@@ -40,6 +56,15 @@ struct braid_hmem {
     cudaEvent_t down_done[2]; /* piece copied into pinned[b] */
     cudaEvent_t up_done[2];   /* pinned[b] copied back: the buffer is free */
     void *pinned[2];
+    /* Device ring (all-reduce with the reduction on the GPU): a compute
+     * stream, pinned receive and send slots, device copies of the receive
+     * slots, and one event per slot for each stage. */
+    cudaStream_t comp;
+    size_t slot_bytes;
+    void *rpin, *spin, *dslot;
+    cudaEvent_t ev_h2d[DRING_RECV_SLOTS];  /* receive slot copied up */
+    cudaEvent_t ev_kern[DRING_RECV_SLOTS]; /* the kernel reading dslot[s] finished */
+    cudaEvent_t ev_d2h[DRING_SEND_SLOTS];  /* send slot filled */
     struct braid_hmem_job *jobs; /* submitted, not yet released (under init_mu) */
 };
 
@@ -52,6 +77,7 @@ struct braid_hmem_job {
     pthread_cond_t cv;
     int open;                 /* the caller's stream may go on */
     int device;
+    int dring;                /* may run as the device ring (use_device_ring) */
     cudaEvent_t ready;        /* recorded on the caller's stream at submission */
     struct braid_hmem *owner; /* on owner->jobs while not released (under init_mu) */
     struct braid_hmem_job *next;
@@ -149,6 +175,25 @@ static void state_free(struct braid_hmem *h)
         (void)cudaStreamSynchronize(h->d2h);
     if (h->h2d)
         (void)cudaStreamSynchronize(h->h2d);
+    if (h->comp)
+        (void)cudaStreamSynchronize(h->comp);
+    if (h->rpin)
+        (void)cudaFreeHost(h->rpin);
+    if (h->spin)
+        (void)cudaFreeHost(h->spin);
+    if (h->dslot)
+        (void)cudaFree(h->dslot);
+    for (int i = 0; i < DRING_RECV_SLOTS; i++) {
+        if (h->ev_h2d[i])
+            (void)cudaEventDestroy(h->ev_h2d[i]);
+        if (h->ev_kern[i])
+            (void)cudaEventDestroy(h->ev_kern[i]);
+    }
+    for (int i = 0; i < DRING_SEND_SLOTS; i++)
+        if (h->ev_d2h[i])
+            (void)cudaEventDestroy(h->ev_d2h[i]);
+    if (h->comp)
+        (void)cudaStreamDestroy(h->comp);
     for (int b = 0; b < 2; b++) {
         if (h->pinned[b])
             (void)cudaFreeHost(h->pinned[b]);
@@ -184,11 +229,32 @@ static braid_status state_create(braid_pg *pg, int device, struct braid_hmem **o
         if (err == cudaSuccess)
             err = cudaHostAlloc(&h->pinned[b], BRAID_HMEM_PIECE_BYTES, cudaHostAllocDefault);
     }
+    /* The device ring's slots, at the group's chunk size (fixed for its
+     * life), allocated now: nothing here may be reallocated later (see the
+     * top of the file). */
+    h->slot_bytes = pg->chunk_bytes < 16 ? 16 : pg->chunk_bytes;
+    if (err == cudaSuccess)
+        err = cudaStreamCreateWithFlags(&h->comp, cudaStreamNonBlocking);
+    if (err == cudaSuccess)
+        err = cudaHostAlloc(&h->rpin, DRING_RECV_SLOTS * h->slot_bytes, cudaHostAllocDefault);
+    if (err == cudaSuccess)
+        err = cudaHostAlloc(&h->spin, DRING_SEND_SLOTS * h->slot_bytes, cudaHostAllocDefault);
+    if (err == cudaSuccess)
+        err = cudaMalloc(&h->dslot, DRING_RECV_SLOTS * h->slot_bytes);
+    for (int i = 0; i < DRING_RECV_SLOTS && err == cudaSuccess; i++) {
+        err = cudaEventCreateWithFlags(&h->ev_h2d[i], cudaEventDisableTiming);
+        if (err == cudaSuccess)
+            err = cudaEventCreateWithFlags(&h->ev_kern[i], cudaEventDisableTiming);
+    }
+    for (int i = 0; i < DRING_SEND_SLOTS && err == cudaSuccess; i++)
+        err = cudaEventCreateWithFlags(&h->ev_d2h[i], cudaEventDisableTiming);
     if (err != cudaSuccess) {
         (void)cudaGetLastError();
         st = braid__error(err == cudaErrorMemoryAllocation ? BRAID_ERR_NO_MEMORY : BRAID_ERR_CUDA,
-                          "rank %d: cannot set up cuda staging on device %d (2 x %u pinned bytes, 2 streams): %s",
-                          pg->rank, device, BRAID_HMEM_PIECE_BYTES, cudaGetErrorString(err));
+                          "rank %d: cannot set up cuda staging on device %d (2 x %u + %d x %zu pinned bytes, "
+                          "%d x %zu device bytes, 3 streams): %s",
+                          pg->rank, device, BRAID_HMEM_PIECE_BYTES, DRING_RECV_SLOTS + DRING_SEND_SLOTS,
+                          h->slot_bytes, DRING_RECV_SLOTS, h->slot_bytes, cudaGetErrorString(err));
         state_free(h);
         return st;
     }
@@ -232,26 +298,42 @@ static braid_status state_get(braid_pg *pg, int device, const char *op)
 
 /* ---- submission (caller's thread) ------------------------------------------ */
 
-static int buffer_device(const braid_coll *c, int *device)
+/* 1 when send or recv is device (or managed) memory, with *device its
+ * device and *both set when both are; 0 for host buffers; -1 when they
+ * are on different devices. */
+static int buffer_device(const braid_coll *c, int *device, int *both)
 {
     int d1 = -1, d2 = -1;
     braid_cuda_ptr_kind k1 = braid__cuda_ptr_kind(c->send, &d1);
     braid_cuda_ptr_kind k2 = c->recv == c->send ? k1 : braid__cuda_ptr_kind(c->recv, &d2);
     if (c->recv == c->send)
         d2 = d1;
+    *both = k1 != BRAID_CUDA_PTR_HOST && k2 != BRAID_CUDA_PTR_HOST;
     if (k1 == BRAID_CUDA_PTR_HOST && k2 == BRAID_CUDA_PTR_HOST)
         return 0;
     *device = k1 != BRAID_CUDA_PTR_HOST ? d1 : d2;
-    if (k1 != BRAID_CUDA_PTR_HOST && k2 != BRAID_CUDA_PTR_HOST && d1 != d2)
+    if (*both && d1 != d2)
         return -1; /* send and recv on different devices */
     return 1;
+}
+
+/* Whether a device call may run as the device ring rather than as staged
+ * pieces: all-reduces above one piece (so that no rank can take it for a
+ * one-piece call, which may mix host and device ranks) with both buffers
+ * readable by kernels. The job runs it only where the tuner picks the ring
+ * for the whole call (braid__allreduce_algo, on the executor, as for a
+ * host call): then a host rank in the same call runs the same ring. */
+static int use_device_ring(const braid_coll *c, int both)
+{
+    size_t bytes = c->count * braid_dtype_size(c->dtype);
+    return both && c->kind == BRAID_COLL_ALLREDUCE && bytes > BRAID_HMEM_PIECE_BYTES;
 }
 
 braid_status braid__hmem_submit(braid_pg *pg, const braid_coll *coll, void *cuda_stream, braid_work **work)
 {
     const char *op = braid__coll_name(coll->kind);
-    int device = -1;
-    int dev = coll->count > 0 ? buffer_device(coll, &device) : 0;
+    int device = -1, both = 0;
+    int dev = coll->count > 0 ? buffer_device(coll, &device, &both) : 0;
     if (dev < 0)
         return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: send and recv are on different CUDA devices",
                             pg->rank, op);
@@ -293,6 +375,7 @@ braid_status braid__hmem_submit(braid_pg *pg, const braid_coll *coll, void *cuda
     atomic_init(&job->released, 0);
     atomic_init(&job->refs, 1);
     job->device = device;
+    job->dring = use_device_ring(coll, both);
     braid_coll c = *coll;
     c.hmem = job;
     cudaError_t err = cudaEventCreateWithFlags(&job->ready, cudaEventDisableTiming);
@@ -332,7 +415,7 @@ static braid_status copy(braid_pg *pg, void *dst, const void *src, size_t bytes,
 /* Piece k uses pinned[k & 1]. Down copies run on d2h, up copies on h2d;
  * a buffer is written again only after its previous up copy finished
  * (up_done), and read by the host only after its down copy finished. */
-static braid_status stage(braid_pg *pg, braid_coll *coll, struct braid_hmem_job *job)
+static braid_status stage(braid_pg *pg, braid_coll *coll)
 {
     struct braid_hmem *h = pg->hmem;
     size_t esize = braid_dtype_size(coll->dtype);
@@ -344,8 +427,6 @@ static braid_status stage(braid_pg *pg, braid_coll *coll, struct braid_hmem_job 
     const char *src = coll->send;
     char *dst = coll->recv;
 
-    CUDA_CALL(cudaStreamWaitEvent(h->d2h, job->ready, 0), "cudaStreamWaitEvent", pg->rank);
-    CUDA_CALL(cudaStreamWaitEvent(h->h2d, job->ready, 0), "cudaStreamWaitEvent", pg->rank);
     if (down)
         BRAID_CHECK(copy(pg, h->pinned[0], src, (n > 1 ? per : coll->count) * esize, h->d2h, h->down_done[0]));
     for (size_t k = 0; k < n; k++) {
@@ -376,6 +457,320 @@ static braid_status stage(braid_pg *pg, braid_coll *coll, struct braid_hmem_job 
     return BRAID_OK;
 }
 
+/* ---- the device ring (executor) ---------------------------------------------
+ * The host ring of src/algo/ring_allreduce.c (same segments, chunks, item
+ * order and fingerprint, so it meets a host rank's ring on the wire), with
+ * the data on the device:
+ *
+ *  receive item k (slot k % DRING_RECV_SLOTS): the transport fills
+ *    rpin[slot]; then on h2d: wait for the kernel that last read
+ *    dslot[slot], copy rpin -> dslot (reduce-scatter) or straight into
+ *    recv (all-gather), record ev_h2d; on comp (reduce-scatter only): wait
+ *    ev_h2d, run the fused kernel recv = op(send, dslot) (AVG's division in
+ *    the segment's last one), record ev_kern. The pinned slot is free again
+ *    once ev_h2d completed.
+ *  send item j (slot j % DRING_SEND_SLOTS): step 0 sends input chunks,
+ *    later steps the chunk of receive item j - step0, once its kernel ran
+ *    (reduce-scatter) or it was copied into recv (all-gather): on d2h,
+ *    wait for that, copy down into spin[slot], record ev_d2h, and post the
+ *    send once ev_d2h completed. All-gather chunks are forwarded from the
+ *    device, not from their pinned receive slot: a receive slot then never
+ *    waits for a send, which would chain every rank's receives to its
+ *    successor's and deadlock the ring once a segment has more chunks than
+ *    the windows hold.
+ *
+ * A side whose connection moves device memory itself (cuda_ipc:
+ * conn_takes_device_memory) skips its pinned slots: receives land in
+ * dslot (reduce-scatter) or in recv (all-gather) and a slot is free once
+ * the kernel that read it finished; sends go from send/recv once ev_d2h,
+ * recorded on d2h after the producer, completed.
+ *
+ * Only the host waits on events (cudaEventQuery in the loop; a blocking
+ * wait when nothing else can move), streams wait on each other through
+ * events, so copies up, kernels, copies down and the network all overlap. */
+typedef struct {
+    int step, steps, shift;
+    size_t chunk, seg_start, seg_len, nchunks;
+} dcursor;
+
+typedef struct {
+    int n, rank;
+    size_t count, epc; /* elements, elements per chunk */
+} dring;
+
+static void dcur_load(const dring *g, dcursor *c)
+{
+    int seg = ((g->rank - c->step - c->shift) % g->n + g->n) % g->n;
+    braid__segment(g->count, g->n, seg, &c->seg_start, &c->seg_len);
+    c->nchunks = (c->seg_len + g->epc - 1) / g->epc;
+    c->chunk = 0;
+}
+
+static void dcur_settle(const dring *g, dcursor *c)
+{
+    while (c->step < c->steps && c->chunk >= c->nchunks) {
+        c->step++;
+        if (c->step < c->steps)
+            dcur_load(g, c);
+    }
+}
+
+static void dcur_init(const dring *g, dcursor *c, int shift)
+{
+    c->step = 0;
+    c->steps = 2 * (g->n - 1);
+    c->shift = shift;
+    dcur_load(g, c);
+    dcur_settle(g, c);
+}
+
+static void dcur_next(const dring *g, dcursor *c)
+{
+    c->chunk++;
+    dcur_settle(g, c);
+}
+
+static int dcur_done(const dcursor *c)
+{
+    return c->step >= c->steps;
+}
+
+static void dcur_range(const dring *g, const dcursor *c, size_t *off, size_t *len)
+{
+    size_t first = c->chunk * g->epc;
+    *off = c->seg_start + first;
+    *len = c->seg_len - first < g->epc ? c->seg_len - first : g->epc;
+}
+
+/* Whether conn moves device memory itself (isend reads device memory,
+ * irecv writes it, both complete only when the data has moved): the
+ * cuda_ipc transport, whose copies are cudaMemcpyDefault on its own
+ * stream. The device ring then skips the pinned slots on that side. In
+ * the host stand-in runtime of tests/cuda_fake.c "device" memory is host
+ * memory that every transport can move, and CUDA_FAKE_DIRECT=1 makes
+ * every connection count, so that path runs without a GPU too. */
+static int conn_takes_device_memory(const braid_conn *conn)
+{
+#ifdef BRAID_CUDA_FAKE
+    const char *direct = getenv("CUDA_FAKE_DIRECT");
+    if (direct && direct[0] == '1')
+        return 1;
+#endif
+    const braid_transport_ops *ipc = braid__transport_get(BRAID_TRANSPORT_CUDA_IPC);
+    return ipc && conn->ops == ipc;
+}
+
+/* 1 when ev completed, 0 when not yet; errors are returned. */
+static braid_status event_done(braid_pg *pg, cudaEvent_t ev, int *done)
+{
+    cudaError_t err = cudaEventQuery(ev);
+    if (err == cudaErrorNotReady) {
+        *done = 0;
+        return BRAID_OK;
+    }
+    CUDA_CALL(err, "cudaEventQuery", pg->rank);
+    *done = 1;
+    return BRAID_OK;
+}
+
+static braid_status device_ring(braid_pg *pg, braid_coll *coll)
+{
+    struct braid_hmem *h = pg->hmem;
+    size_t es = braid_dtype_size(coll->dtype);
+    const uint8_t *send = coll->send;
+    uint8_t *recv = coll->recv;
+    dring g = {.n = pg->size, .rank = pg->rank, .count = coll->count};
+    g.epc = pg->chunk_bytes / es ? pg->chunk_bytes / es : 1;
+    if (g.epc * es > h->slot_bytes)
+        return braid__error(BRAID_ERR_INTERNAL, "rank %d: device ring chunk of %zu bytes exceeds its %zu-byte slots",
+                            pg->rank, g.epc * es, h->slot_bytes);
+    if (g.n == 1) {
+        const void *src = send;
+        BRAID_CHECK(braid__cuda_reduce(coll->dtype, coll->op, recv, &src, 1, coll->count, 1, h->comp));
+        CUDA_CALL(cudaStreamSynchronize(h->comp), "cudaStreamSynchronize", pg->rank);
+        return BRAID_OK;
+    }
+
+    braid_coll rc = *coll;
+    rc.hmem = NULL;
+    rc.algo = BRAID_ALGO_RING;
+    braid_algo_run run;
+    braid__algo_run_init(&run, pg, &rc);
+    int next = (g.rank + 1) % g.n, prev = (g.rank + g.n - 1) % g.n;
+    braid_conn *conns[2];
+    BRAID_CHECK(braid__pg_conn(pg, next, &conns[0]));
+    BRAID_CHECK(braid__pg_conn(pg, prev, &conns[1]));
+    int nconns = conns[0] == conns[1] ? 1 : 2;
+    braid_conn *to_next = conns[0], *from_prev = conns[nconns - 1];
+    /* Sides whose transport moves device memory: no pinned slot there. */
+    int dsend = conn_takes_device_memory(to_next), drecv = conn_takes_device_memory(from_prev);
+
+    uint8_t fp_mine[BRAID_FP_BYTES];
+    braid_req fp_send_req;
+    braid__fp_encode(&rc, fp_mine);
+    braid_status st = to_next->ops->isend(to_next, &fp_send_req, fp_mine, sizeof(fp_mine));
+    if (st == BRAID_OK)
+        st = braid__fp_recv(&run, from_prev, prev);
+    if (st != BRAID_OK)
+        return braid__fp_explain(&run, st);
+    int fp_sent = 0, fp_checked = 0;
+
+    dcursor post_r, done_r, stage_s, post_s;
+    dcur_init(&g, &post_r, 1);
+    dcur_init(&g, &done_r, 1);
+    dcur_init(&g, &stage_s, 0);
+    dcur_init(&g, &post_s, 0);
+    size_t step0 = stage_s.step == 0 ? stage_s.nchunks : 0;
+
+    braid_req rreq[DRING_RECV_SLOTS], sreq[DRING_SEND_SLOTS];
+    /* slot_busy[s]: the event that frees slot s (its copy up, or with a
+     * direct receive the kernel reading the device slot), or NULL */
+    cudaEvent_t slot_busy[DRING_RECV_SLOTS] = {0};
+    const uint8_t *ssrc[DRING_SEND_SLOTS];
+    size_t n_posted_r = 0, n_done_r = 0, n_staged_s = 0, n_posted_s = 0, n_done_s = 0;
+    uint8_t *rpin = h->rpin, *spin = h->spin, *dslot = h->dslot;
+    size_t sb = h->slot_bytes;
+
+    for (;;) {
+        int moved = 0, done;
+        cudaEvent_t block_on = NULL; /* what to wait for when nothing moved */
+
+        /* Stage sends: input chunks (step 0), reduced chunks and gathered
+         * chunks go down to pinned send slots on d2h after whatever
+         * produced them; with a direct connection only ev_d2h is recorded,
+         * to tell the host when the chunk is final. */
+        while (!dcur_done(&stage_s) && n_staged_s - n_done_s < DRING_SEND_SLOTS &&
+               (n_staged_s < step0 || n_staged_s - step0 < n_done_r)) {
+            size_t off, len, j = n_staged_s, s = j % DRING_SEND_SLOTS;
+            dcur_range(&g, &stage_s, &off, &len);
+            if (stage_s.step > 0) {
+                /* the chunk of receive item j - step0: reduced by its
+                 * kernel, or (all-gather) copied up into recv */
+                size_t r = (j - step0) % DRING_RECV_SLOTS;
+                cudaEvent_t after = stage_s.step < g.n ? h->ev_kern[r] : h->ev_h2d[r];
+                CUDA_CALL(cudaStreamWaitEvent(h->d2h, after, 0), "cudaStreamWaitEvent", pg->rank);
+            }
+            const uint8_t *from = (stage_s.step == 0 ? send : recv) + off * es;
+            if (dsend) {
+                ssrc[s] = from; /* sent from where it is, once ev_d2h says it is final */
+            } else {
+                CUDA_CALL(cudaMemcpyAsync(spin + s * sb, from, len * es, cudaMemcpyDefault, h->d2h),
+                          "cudaMemcpyAsync", pg->rank);
+                ssrc[s] = spin + s * sb;
+            }
+            CUDA_CALL(cudaEventRecord(h->ev_d2h[s], h->d2h), "cudaEventRecord", pg->rank);
+            n_staged_s++;
+            dcur_next(&g, &stage_s);
+            moved = 1;
+        }
+        /* Post staged sends, in order, once their data is ready. */
+        while (n_posted_s < n_staged_s) {
+            size_t off, len, s = n_posted_s % DRING_SEND_SLOTS;
+            BRAID_CHECK(event_done(pg, h->ev_d2h[s], &done));
+            if (!done) {
+                block_on = h->ev_d2h[s];
+                break;
+            }
+            dcur_range(&g, &post_s, &off, &len);
+            BRAID_CHECK(braid__fp_explain(&run, to_next->ops->isend(to_next, &sreq[s], ssrc[s], len * es)));
+            n_posted_s++;
+            dcur_next(&g, &post_s);
+            moved = 1;
+        }
+        /* Post receives into free slots. */
+        while (!dcur_done(&post_r) && n_posted_r - n_done_r < DRING_RECV_SLOTS) {
+            size_t off, len, k = n_posted_r, s = k % DRING_RECV_SLOTS;
+            if (slot_busy[s]) {
+                BRAID_CHECK(event_done(pg, slot_busy[s], &done));
+                if (!done) {
+                    if (!block_on)
+                        block_on = slot_busy[s];
+                    break;
+                }
+                slot_busy[s] = NULL;
+            }
+            dcur_range(&g, &post_r, &off, &len);
+            /* direct: reduce-scatter chunks into the device slot, gathered
+             * ones straight into place */
+            uint8_t *into = !drecv ? rpin + s * sb : post_r.step < g.n - 1 ? dslot + s * sb : recv + off * es;
+            BRAID_CHECK(braid__fp_explain(&run, from_prev->ops->irecv(from_prev, &rreq[s], into, len * es)));
+            n_posted_r++;
+            dcur_next(&g, &post_r);
+            moved = 1;
+        }
+
+        if (!fp_checked) {
+            BRAID_CHECK(braid__fp_explain(&run, braid__fp_poll(&run, &fp_checked)));
+            moved |= fp_checked;
+        }
+        /* Arrived chunks go up (unless the transport put them on the
+         * device already); reduce-scatter chunks are reduced. */
+        while (fp_checked && n_done_r < n_posted_r) {
+            size_t off, len, k = n_done_r, s = k % DRING_RECV_SLOTS;
+            BRAID_CHECK(braid__fp_explain(&run, braid__algo_test(&run, &rreq[s], &done)));
+            if (!done)
+                break;
+            dcur_range(&g, &done_r, &off, &len);
+            if (done_r.step < g.n - 1) {
+                if (!drecv) {
+                    CUDA_CALL(cudaStreamWaitEvent(h->h2d, h->ev_kern[s], 0), "cudaStreamWaitEvent", pg->rank);
+                    CUDA_CALL(cudaMemcpyAsync(dslot + s * sb, rpin + s * sb, len * es, cudaMemcpyDefault, h->h2d),
+                              "cudaMemcpyAsync", pg->rank);
+                    CUDA_CALL(cudaEventRecord(h->ev_h2d[s], h->h2d), "cudaEventRecord", pg->rank);
+                    CUDA_CALL(cudaStreamWaitEvent(h->comp, h->ev_h2d[s], 0), "cudaStreamWaitEvent", pg->rank);
+                }
+                const void *srcs[2] = {send + off * es, dslot + s * sb};
+                int last = done_r.step == g.n - 2; /* the segment is complete: AVG divides */
+                braid_op op = !last && coll->op == BRAID_AVG ? BRAID_SUM : coll->op;
+                BRAID_CHECK(braid__cuda_reduce(coll->dtype, op, recv + off * es, srcs, 2, len, g.n, h->comp));
+                CUDA_CALL(cudaEventRecord(h->ev_kern[s], h->comp), "cudaEventRecord", pg->rank);
+                slot_busy[s] = drecv ? h->ev_kern[s] : h->ev_h2d[s];
+            } else if (!drecv) {
+                CUDA_CALL(cudaMemcpyAsync(recv + off * es, rpin + s * sb, len * es, cudaMemcpyDefault, h->h2d),
+                          "cudaMemcpyAsync", pg->rank);
+                CUDA_CALL(cudaEventRecord(h->ev_h2d[s], h->h2d), "cudaEventRecord", pg->rank);
+                slot_busy[s] = h->ev_h2d[s];
+            } else {
+                /* already in place: a forwarding send needs no event */
+                CUDA_CALL(cudaEventRecord(h->ev_h2d[s], h->h2d), "cudaEventRecord", pg->rank);
+            }
+            n_done_r++;
+            dcur_next(&g, &done_r);
+            moved = 1;
+        }
+        if (!fp_sent) {
+            BRAID_CHECK(braid__fp_explain(&run, braid__algo_test(&run, &fp_send_req, &fp_sent)));
+            moved |= fp_sent;
+        }
+        while (n_done_s < n_posted_s) {
+            BRAID_CHECK(braid__fp_explain(&run, braid__algo_test(&run, &sreq[n_done_s % DRING_SEND_SLOTS], &done)));
+            if (!done)
+                break;
+            n_done_s++;
+            moved = 1;
+        }
+
+        if (fp_sent && fp_checked && dcur_done(&post_s) && dcur_done(&post_r) && n_done_r == n_posted_r &&
+            n_done_s == n_posted_s) {
+            /* Everything went up and every kernel ran: recv is final. */
+            CUDA_CALL(cudaStreamSynchronize(h->h2d), "cudaStreamSynchronize", pg->rank);
+            CUDA_CALL(cudaStreamSynchronize(h->comp), "cudaStreamSynchronize", pg->rank);
+            CUDA_CALL(cudaStreamSynchronize(h->d2h), "cudaStreamSynchronize", pg->rank);
+            return BRAID_OK;
+        }
+        if (!moved) {
+            if (block_on) {
+                /* Only a copy can unblock us: it finishes on its own. */
+                CUDA_CALL(cudaEventSynchronize(block_on), "cudaEventSynchronize", pg->rank);
+                continue;
+            }
+            st = braid__algo_wait(&run, conns, nconns, n_done_r < n_posted_r || !fp_checked ? prev : next);
+            if (st != BRAID_OK)
+                return braid__fp_explain(&run, st);
+        }
+    }
+}
+
 braid_status braid__hmem_coll_run(braid_pg *pg, braid_coll *coll)
 {
     struct braid_hmem_job *job = coll->hmem;
@@ -395,12 +790,28 @@ braid_status braid__hmem_coll_run(braid_pg *pg, braid_coll *coll)
                               cudaGetErrorString(err));
         }
     }
-    if (st == BRAID_OK)
-        st = stage(pg, coll, job);
+    if (st == BRAID_OK) {
+        /* Both kinds of job start after the work queued on the caller's
+         * stream before the call. */
+        cudaStream_t waiters[3] = {pg->hmem->d2h, pg->hmem->h2d, pg->hmem->comp};
+        for (int i = 0; i < 3 && st == BRAID_OK; i++) {
+            cudaError_t err = cudaStreamWaitEvent(waiters[i], job->ready, 0);
+            if (err != cudaSuccess) {
+                (void)cudaGetLastError();
+                st = braid__error(BRAID_ERR_CUDA, "rank %d: cuda staging: cudaStreamWaitEvent failed: %s", pg->rank,
+                                  cudaGetErrorString(err));
+            }
+        }
+    }
+    if (st == BRAID_OK) {
+        int ring = job->dring && braid__allreduce_algo(pg, coll->count, coll->dtype) == BRAID_ALGO_RING;
+        st = ring ? device_ring(pg, coll) : stage(pg, coll);
+    }
     if (st != BRAID_OK && pg->hmem) {
         /* Leave no copy in flight into buffers the next job reuses. */
         (void)cudaStreamSynchronize(pg->hmem->d2h);
         (void)cudaStreamSynchronize(pg->hmem->h2d);
+        (void)cudaStreamSynchronize(pg->hmem->comp);
         (void)cudaGetLastError();
         braid__pg_fail(pg, st); /* peers blocked on us fail now, not at their timeout */
     }

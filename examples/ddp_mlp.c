@@ -8,6 +8,10 @@
  *  - finish() leaves the average gradient on every rank, and every replica
  *    takes the same SGD step, so the weights stay identical.
  *
+ * --reference trains the same model on the same data in one process
+ * without braid at all (whole global batch, plain SGD): the independent
+ * result a data-parallel run must reproduce.
+ *
  * Launch with torchrun / mpirun / srun (braid_pg_init_env), or run it as is
  * and it forks -N local ranks on loopback.
  *
@@ -34,6 +38,7 @@ typedef struct {
     int batch;
     float lr;
     int overlap;
+    int reference;
     const char *dump;
     int print_every;
     int warmup;
@@ -54,6 +59,7 @@ static void usage(FILE *f)
                "  --batch N          global batch, split evenly over ranks (default 256)\n"
                "  --lr X             SGD learning rate (default 0.05)\n"
                "  --no-overlap       hand gradients to the bucketer only after the whole backward\n"
+               "  --reference        one process, no braid: the whole global batch, plain SGD\n"
                "  --bucket-mb X      bucket cap in MiB (default 25)\n"
                "  --first-bucket-mb X first bucket cap in MiB (default 1)\n"
                "  --compress f16|bf16 compress gradients on the wire\n"
@@ -113,6 +119,7 @@ static int parse_options(int argc, char **argv, options *o)
         O_BATCH,
         O_LR,
         O_NO_OVERLAP,
+        O_REFERENCE,
         O_BUCKET,
         O_FIRST,
         O_COMPRESS,
@@ -130,6 +137,7 @@ static int parse_options(int argc, char **argv, options *o)
                                              {"batch", required_argument, NULL, O_BATCH},
                                              {"lr", required_argument, NULL, O_LR},
                                              {"no-overlap", no_argument, NULL, O_NO_OVERLAP},
+                                             {"reference", no_argument, NULL, O_REFERENCE},
                                              {"bucket-mb", required_argument, NULL, O_BUCKET},
                                              {"first-bucket-mb", required_argument, NULL, O_FIRST},
                                              {"compress", required_argument, NULL, O_COMPRESS},
@@ -171,6 +179,9 @@ static int parse_options(int argc, char **argv, options *o)
             break;
         case O_NO_OVERLAP:
             o->overlap = 0;
+            break;
+        case O_REFERENCE:
+            o->reference = 1;
             break;
         case O_BUCKET:
             rc = parse_double("--bucket-mb", optarg, &o->bucket_mb);
@@ -414,6 +425,65 @@ out:
     return rc;
 }
 
+/* ---- reference ------------------------------------------------------- */
+
+/* The same training without a process group or bucketer: rank 0's initial
+ * weights (what the data-parallel run broadcasts), the whole global batch
+ * in one forward/backward (the same samples the ranks' shards hold), and
+ * SGD on its mean gradient. Writes FILE.0 for --dump. */
+static int train_reference(const options *o)
+{
+    int rc = 1;
+    mlp m = {0};
+    blobs data = {0};
+    float *x = malloc((size_t)o->batch * o->in * sizeof(float));
+    int *labels = malloc((size_t)o->batch * sizeof(int));
+    if (!x || !labels || mlp_create(&m, o->in, o->hidden, o->layers, o->classes, o->batch) != 0 ||
+        blobs_create(&data, o->in, o->classes, o->seed, 0.3f) != 0) {
+        fprintf(stderr, "reference: out of memory for the model\n");
+        goto out;
+    }
+    mlp_init(&m, o->seed * 1000);
+    size_t nparams = mlp_total_params(&m);
+    printf("ddp_mlp reference: 1 process, no braid, %d hidden layers of %d, %zu params, batch %d\n", o->layers,
+           o->hidden, nparams, o->batch);
+    double first_loss = 0, last_loss = 0, step_s = 0;
+    int timed = 0;
+    for (int step = 0; step < o->steps; step++) {
+        double t0 = now_s();
+        for (int r = 0; r < o->batch; r++)
+            blobs_sample(&data, (uint64_t)step * o->batch + (uint64_t)r, x + (size_t)r * o->in, &labels[r]);
+        double loss = mlp_forward(&m, x, labels, o->batch);
+        if (mlp_backward(&m, o->batch, NULL, NULL) != 0)
+            goto out;
+        mlp_sgd(&m, o->lr);
+        if (step >= o->warmup) {
+            step_s += now_s() - t0;
+            timed++;
+        }
+        if (step == 0)
+            first_loss = loss;
+        last_loss = loss;
+        int last = step == o->steps - 1;
+        if (step == 0 || last || (o->print_every > 0 && step % o->print_every == 0))
+            printf("step %4d  loss %.6f\n", step, loss);
+    }
+    printf("final loss %.6f (first %.6f)\n", last_loss, first_loss);
+    printf("RESULT ranks=1 params=%zu hidden=%d layers=%d batch=%d overlap=0 buckets=0 ms_per_step=%.3f "
+           "wait_ms=0.000 first_loss=%.6f final_loss=%.6f reference=1\n",
+           nparams, o->hidden, o->layers, o->batch, timed ? 1e3 * step_s / timed : 0.0, first_loss, last_loss);
+    fflush(stdout);
+    if (o->dump && dump_weights(&m, o->dump, 0))
+        goto out;
+    rc = 0;
+out:
+    free(x);
+    free(labels);
+    blobs_destroy(&data);
+    mlp_destroy(&m);
+    return rc;
+}
+
 /* ---- launching ------------------------------------------------------- */
 
 static int under_launcher(void)
@@ -488,6 +558,8 @@ int main(int argc, char **argv)
     if (parse_options(argc, argv, &o) != 0)
         return 2;
     setvbuf(stdout, NULL, _IOLBF, 0);
+    if (o.reference)
+        return train_reference(&o);
     if (!under_launcher())
         return spawn_local(&o);
     braid_pg *pg;

@@ -39,6 +39,7 @@ typedef enum {
     BRAID_ERR_ABORTED,      /**< braid_pg_abort() was called */
     BRAID_ERR_INTERNAL,     /**< a bug in braid: please report it */
     BRAID_ERR_NO_MEMORY,    /**< an allocation failed */
+    BRAID_ERR_CORRUPT,      /**< received data failed its checksum (braid_config.checksum) */
     BRAID_STATUS_COUNT
 } braid_status;
 
@@ -71,6 +72,9 @@ typedef enum {
     BRAID_ALGO_AUTO = 0, /**< tuner picks by size and group size */
     BRAID_ALGO_RING,     /**< chunked, pipelined ring */
     BRAID_ALGO_RECURSIVE_DOUBLING, /**< latency-bound small messages */
+    BRAID_ALGO_HIER,     /**< multi-host all-reduce: reduce-scatter within each host, a ring per
+                              local rank across hosts, all-gather within each host; falls back to
+                              the ring (with a warning) on one host or one rank per host */
     BRAID_ALGO_COUNT
 } braid_algo;
 
@@ -93,7 +97,9 @@ typedef struct {
     braid_algo algo;         /**< 0: BRAID_ALGO or tuner */
     const char *transports;  /**< "tcp,verbs,..."; NULL: BRAID_TRANSPORT or auto */
     const char *socket_ifname; /**< NULL: BRAID_SOCKET_IFNAME or route to the store */
-    int checksum;            /**< per-chunk CRC32C; 0: BRAID_CHECKSUM */
+    int checksum;            /**< CRC32C of every message between ranks, checked before use (a mismatch
+                                  is BRAID_ERR_CORRUPT): 1 on, -1 off, 0: BRAID_CHECKSUM (default off).
+                                  Every rank must agree; braid_pg_init fails otherwise */
 } braid_config;
 
 #define BRAID_CONFIG_INIT { sizeof(braid_config), 0, 0, 0, BRAID_ALGO_AUTO, NULL, NULL, 0 }
@@ -143,9 +149,33 @@ BRAID_API braid_status braid_pg_destroy(braid_pg *pg);
 
 BRAID_API int braid_pg_rank(const braid_pg *pg);
 BRAID_API int braid_pg_size(const braid_pg *pg);
+/* Ranks of this group on this host (same host identity, see BRAID_HOST_ID)
+ * and this rank's place among them: the launcher's LOCAL_RANK
+ * (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID) for a group made by
+ * braid_pg_init_env, else its position in rank order. Use it to pick a GPU. */
+BRAID_API int braid_pg_local_rank(const braid_pg *pg);
+BRAID_API int braid_pg_local_size(const braid_pg *pg);
 
 /** First error that broke the group (BRAID_OK while healthy). */
 BRAID_API braid_status braid_pg_error(const braid_pg *pg);
+
+/** Shrink a group after a rank failure (MPI_Comm_shrink, ncclCommShrink).
+ *  Every surviving rank calls it on its handle of the old group, which may
+ *  be broken (BRAID_ERR_PEER, BRAID_ERR_TIMEOUT), aborted or healthy. The
+ *  survivors agree on one set of ranks and each gets the same smaller group
+ *  in *new_pg: ranks renumbered densely in old-rank order, a fresh job
+ *  secret and group tag, the old group's configuration. A healthy group
+ *  yields a group of every rank. The lowest live rank coordinates; a rank
+ *  counts as dead when its process is gone (connections to it are refused).
+ *  A rank that is alive but has not called braid_pg_shrink within half the
+ *  timeout is left out (it gets BRAID_ERR_TIMEOUT if it calls later). Fails
+ *  with BRAID_ERR_TIMEOUT, never hangs, when a rank below every survivor is
+ *  alive but silent (stopped, unreachable host), and with BRAID_ERR_PEER or
+ *  BRAID_ERR_TIMEOUT when a member dies during the call: call it again.
+ *  timeout_ms: -1 for the group's timeout. The old group stays valid until
+ *  braid_pg_destroy, which the caller does once it is done with it. One
+ *  call at a time per group. See docs/RELIABILITY.md, "Group shrink". */
+BRAID_API braid_status braid_pg_shrink(braid_pg *pg, int timeout_ms, braid_pg **new_pg);
 
 /** All-reduce `count` elements of `send` into `recv` on every rank.
  *  send == recv is in place. cuda_stream: NULL for host memory or the
@@ -158,8 +188,13 @@ BRAID_API braid_status braid_allreduce(braid_pg *pg, const void *send, void *rec
 BRAID_API braid_status braid_broadcast(braid_pg *pg, void *buf, size_t count, braid_dtype dtype,
                                        int root, void *cuda_stream, braid_work **work);
 
-/** Block until work completes or timeout_ms passes (-1: the group's
- *  timeout). Returns the collective's status. */
+/** Block until work completes or timeout_ms passes, counted from this
+ *  call on the monotonic clock. -1: the group's timeout (BRAID_TIMEOUT_MS)
+ *  counted from when the collective started (from when it was issued
+ *  while it is still queued), not re-armed by each call, plus a second of
+ *  grace so that the collective's own BRAID_ERR_TIMEOUT, with its detail,
+ *  comes first. Returns the collective's status, or BRAID_ERR_TIMEOUT when
+ *  the wait ran out (the work is still pending then). */
 BRAID_API braid_status braid_wait(braid_work *work, int timeout_ms);
 
 /** Non-blocking completion check: *done = 1 when finished; returns the
@@ -235,7 +270,11 @@ BRAID_API braid_status braid_bucketer_add(braid_bucketer *b, void *grad, size_t 
                                           int *param_id);
 
 /** Compress f32 buckets to dtype (BRAID_F16 or BRAID_BF16) on the wire;
- *  BRAID_F32 turns compression off. Call before the first ready(). */
+ *  BRAID_F32 turns compression off. Call before the first ready(). Each
+ *  rank sends grad / size (divided in f32, rounded once to dtype) and the
+ *  wire sums them, so partial sums stay within rounding of the largest
+ *  gradient (as in torch's fp16_compress_hook): f16 does not overflow
+ *  where the sum over ranks would. */
 BRAID_API braid_status braid_bucketer_set_compression(braid_bucketer *b, braid_dtype wire_dtype);
 
 /** Mark a gradient as computed; launches its bucket's all-reduce once the

@@ -34,7 +34,7 @@ typedef struct {
     uint8_t secret[BRAID_SECRET_BYTES]; /* job secret: proves group membership */
     uint64_t pg_tag;     /* distinguishes groups sharing a secret (shrink, split) */
     int timeout_ms;      /* connection set-up and handshake limit */
-    int nsocks;          /* sockets per connection (TCP) */
+    int nsocks;          /* sockets per connection (TCP); 0: the transport picks */
     char bind_ip[64];    /* numeric address to listen on ("" = any) */
 } braid_transport_ctx;
 

@@ -3,9 +3,10 @@
  *
  * Names, values and prototypes are NCCL 2.19.3's, so a program written
  * against NCCL compiles against this header and runs on braid unchanged
- * (see docs/NCCL_COMPAT.md for what is covered and how it differs). Buffers
- * are host memory; results are complete when a call (or, inside a group,
- * ncclGroupEnd) returns.
+ * (see docs/NCCL_COMPAT.md for what is covered and how it differs). Calls
+ * on CUDA device buffers are enqueued on their stream, as in NCCL (with a
+ * CUDA build of braid); calls on host buffers are complete when the call
+ * (or, inside a group, ncclGroupEnd) returns.
  *
  * Differences in the header itself:
  *  - cuda_runtime.h is included only when it can be found; otherwise just

@@ -16,7 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "braid_cuda.h"
 #include "bucket.h"
+#include "hmem.h"
 #include "log.h"
 #include "reduce/reduce.h"
 #include "status.h"
@@ -171,51 +173,191 @@ static braid_status assign_buckets(braid_bucketer *b)
     return BRAID_OK;
 }
 
-static uint64_t mix(uint64_t h, uint64_t v)
+static const char *dtype_name(braid_dtype t)
 {
-    h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
-    h *= 0xBF58476D1CE4E5B9ull;
-    return h ^ (h >> 31);
+    static const char *const names[BRAID_DTYPE_COUNT] = {
+        [BRAID_F32] = "f32", [BRAID_F64] = "f64", [BRAID_F16] = "f16", [BRAID_BF16] = "bf16",
+        [BRAID_I8] = "i8",   [BRAID_U8] = "u8",   [BRAID_I32] = "i32", [BRAID_I64] = "i64",
+    };
+    return (unsigned)t < BRAID_DTYPE_COUNT && names[t] ? names[t] : "?";
 }
 
-/* Fingerprint of everything that decides the sequence of collectives. */
-static uint64_t layout_hash(const braid_bucketer *b)
+/* FNV-1a over the 8 little-endian bytes of v: every byte goes through the
+ * multiply in sequence, so the hash depends on order (a permutation of the
+ * same values hashes differently, unlike a sum or xor of per-field mixes). */
+static uint64_t fnv1a_u64(uint64_t h, uint64_t v)
 {
-    uint64_t h = mix(0, (uint64_t)b->nbuckets);
-    for (int k = 0; k < b->nbuckets; k++) {
-        const bucket *bk = &b->buckets[k];
-        h = mix(h, (uint64_t)bk->wire_dtype);
-        h = mix(h, (uint64_t)bk->count);
-        h = mix(h, (uint64_t)bk->nparams);
+    for (int i = 0; i < 8; i++) {
+        h ^= (v >> (8 * i)) & 0xFF;
+        h *= 0x100000001B3ull;
     }
     return h;
 }
 
+/* splitmix64's finalizer: spreads FNV's weak high bits over the word. */
+static uint64_t fmix64(uint64_t h)
+{
+    h ^= h >> 30;
+    h *= 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 27;
+    h *= 0x94D049BB133111EBull;
+    return h ^ (h >> 31);
+}
+
+/* Fingerprint of everything that decides the sequence of collectives and
+ * what each element of a bucket means: the caps and wire dtype, every
+ * param's (count, dtype) in registration order, and the buckets formed
+ * from them. Two params swapped, or two sizes traded with the same total,
+ * change it. */
+static uint64_t layout_hash(const braid_bucketer *b)
+{
+    uint64_t h = 0xCBF29CE484222325ull; /* FNV-1a 64 offset basis */
+    h = fnv1a_u64(h, (uint64_t)b->first_bucket_bytes);
+    h = fnv1a_u64(h, (uint64_t)b->bucket_bytes);
+    h = fnv1a_u64(h, (uint64_t)b->wire_dtype);
+    h = fnv1a_u64(h, (uint64_t)b->nparams);
+    for (int id = 0; id < b->nparams; id++) {
+        h = fnv1a_u64(h, (uint64_t)b->params[id].count);
+        h = fnv1a_u64(h, (uint64_t)b->params[id].dtype);
+    }
+    h = fnv1a_u64(h, (uint64_t)b->nbuckets);
+    for (int k = 0; k < b->nbuckets; k++) {
+        const bucket *bk = &b->buckets[k];
+        h = fnv1a_u64(h, (uint64_t)bk->wire_dtype);
+        h = fnv1a_u64(h, (uint64_t)bk->count);
+        h = fnv1a_u64(h, (uint64_t)bk->nparams);
+    }
+    return fmix64(h);
+}
+
+/* One rank's layout summary as exchanged by the check. */
+enum { SUM_HASH, SUM_NPARAMS, SUM_NBUCKETS, SUM_ELEMS, SUM_WIRE, SUM_FIRST_CAP, SUM_CAP, SUM_WORDS };
+/* Above this many bytes (ranks x params x 16) the mismatch report leaves
+ * out the first differing param rather than gather every param list. */
+#define DETAIL_MAX_BYTES ((size_t)64 << 20)
+
+static void layout_summary(const braid_bucketer *b, int64_t out[SUM_WORDS])
+{
+    size_t elems = 0;
+    for (int id = 0; id < b->nparams; id++)
+        elems += b->params[id].count;
+    out[SUM_HASH] = (int64_t)layout_hash(b);
+    out[SUM_NPARAMS] = b->nparams;
+    out[SUM_NBUCKETS] = b->nbuckets;
+    out[SUM_ELEMS] = (int64_t)elems;
+    out[SUM_WIRE] = b->wire_dtype;
+    out[SUM_FIRST_CAP] = (int64_t)b->first_bucket_bytes;
+    out[SUM_CAP] = (int64_t)b->bucket_bytes;
+}
+
+static int describe_layout(char *out, size_t cap, const char *who, const int64_t *sum)
+{
+    return snprintf(out, cap,
+                    "%s has %lld params, %lld elements in %lld buckets (caps %lld / %lld bytes, wire %s), "
+                    "layout hash %016llx",
+                    who, (long long)sum[SUM_NPARAMS], (long long)sum[SUM_ELEMS], (long long)sum[SUM_NBUCKETS],
+                    (long long)sum[SUM_FIRST_CAP], (long long)sum[SUM_CAP],
+                    sum[SUM_WIRE] == BRAID_F32 ? "uncompressed" : dtype_name((braid_dtype)sum[SUM_WIRE]),
+                    (unsigned long long)sum[SUM_HASH]);
+}
+
+/* After a mismatch every rank knows it (all saw every summary), so all
+ * gather the (count, dtype) lists, padded to the longest, and name the
+ * first param where this rank and `other` differ. */
+static braid_status first_param_difference(braid_bucketer *b, int other, int64_t max_params, char *out, size_t cap)
+{
+    int n = braid_pg_size(b->pg), rank = rank_of(b);
+    out[0] = '\0';
+    if (max_params <= 0 || (size_t)max_params > DETAIL_MAX_BYTES / 16 / (size_t)n)
+        return BRAID_OK;
+    size_t words = 2 * (size_t)max_params;
+    int64_t *all = malloc((size_t)n * words * sizeof(*all));
+    if (!all)
+        return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: bucketer: out of memory comparing layouts", rank);
+    int64_t *mine = all + (size_t)rank * words;
+    for (int64_t i = 0; i < max_params; i++) {
+        mine[2 * i] = i < b->nparams ? (int64_t)b->params[i].count : -1;
+        mine[2 * i + 1] = i < b->nparams ? (int64_t)b->params[i].dtype : -1;
+    }
+    braid_status st = braid_allgather(b->pg, mine, all, words, BRAID_I64, NULL, NULL);
+    if (st != BRAID_OK) {
+        free(all);
+        return st;
+    }
+    const int64_t *theirs = all + (size_t)other * words;
+    for (int64_t i = 0; i < max_params; i++) {
+        if (mine[2 * i] == theirs[2 * i] && mine[2 * i + 1] == theirs[2 * i + 1])
+            continue;
+        char a[64], c[64];
+        if (mine[2 * i] < 0)
+            snprintf(a, sizeof(a), "none");
+        else
+            snprintf(a, sizeof(a), "%lld x %s", (long long)mine[2 * i], dtype_name((braid_dtype)mine[2 * i + 1]));
+        if (theirs[2 * i] < 0)
+            snprintf(c, sizeof(c), "none");
+        else
+            snprintf(c, sizeof(c), "%lld x %s", (long long)theirs[2 * i], dtype_name((braid_dtype)theirs[2 * i + 1]));
+        snprintf(out, cap, "; first difference at param %lld: %s on rank %d, %s on rank %d", (long long)i, a, rank, c,
+                 other);
+        break;
+    }
+    free(all);
+    return BRAID_OK;
+}
+
 /* Every rank must form the same buckets, or their all-reduces would pair
  * up wrongly and produce garbage or hang (DDP checks parameter shapes
- * across ranks for the same reason). One small all-reduce of (h, -h) with
- * MIN yields min and max of the fingerprints: they agree iff all ranks do. */
+ * across ranks for the same reason). The ranks all-gather a summary with
+ * the layout hash; on a mismatch each names its own layout and that of the
+ * first rank that differs from it (rank 0's when this rank differs from
+ * rank 0), plus the first param where they part. */
 static braid_status check_layout_across_ranks(braid_bucketer *b)
 {
-    if (braid_pg_size(b->pg) == 1)
+    int n = braid_pg_size(b->pg), rank = rank_of(b);
+    if (n == 1)
         return BRAID_OK;
-    /* Keep the values non-negative 63-bit so that negating cannot overflow. */
-    int64_t h = (int64_t)(layout_hash(b) >> 1);
-    int64_t v[2] = {h, -h};
-    braid_status st = braid_allreduce(b->pg, v, v, 2, BRAID_I64, BRAID_MIN, NULL, NULL);
+    int64_t *sums = malloc((size_t)n * SUM_WORDS * sizeof(*sums));
+    if (!sums)
+        return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: bucketer: out of memory checking the layout", rank);
+    layout_summary(b, sums + (size_t)rank * SUM_WORDS);
+    braid_status st = braid_allgather(b->pg, sums + (size_t)rank * SUM_WORDS, sums, SUM_WORDS, BRAID_I64, NULL, NULL);
     if (st != BRAID_OK) {
+        free(sums);
         char text[TEXT_MAX];
         snprintf(text, sizeof(text), "%s", strip_status(braid_last_error(), st));
-        return braid__error(st, "rank %d: bucketer: checking the bucket layout across ranks failed: %s", rank_of(b),
-                            text);
+        return braid__error(st, "rank %d: bucketer: checking the bucket layout across ranks failed: %s", rank, text);
     }
-    if (v[0] != h || -v[1] != h)
-        return braid__error(BRAID_ERR_MISMATCH,
-                            "rank %d: bucketer: ranks formed different buckets (this rank: %d params in %d buckets); "
-                            "every rank must register the same params (count and dtype, same order) with the same "
-                            "caps and compression",
-                            rank_of(b), b->nparams, b->nbuckets);
-    return BRAID_OK;
+    const int64_t *mine = sums + (size_t)rank * SUM_WORDS;
+    int other = -1;
+    int64_t max_params = 0;
+    for (int r = 0; r < n; r++) {
+        const int64_t *s = sums + (size_t)r * SUM_WORDS;
+        if (s[SUM_NPARAMS] > max_params)
+            max_params = s[SUM_NPARAMS];
+        if (other < 0 && s[SUM_HASH] != mine[SUM_HASH])
+            other = r;
+    }
+    int all_agree = 1;
+    for (int r = 1; r < n; r++)
+        all_agree &= sums[(size_t)r * SUM_WORDS + SUM_HASH] == sums[SUM_HASH];
+    if (all_agree) {
+        free(sums);
+        return BRAID_OK;
+    }
+    /* Not all equal: every rank, this one included, sees one that differs. */
+    char detail[256] = "";
+    st = first_param_difference(b, other, max_params, detail, sizeof(detail));
+    if (st != BRAID_OK)
+        detail[0] = '\0';
+    char here[256], there[256], who[32];
+    describe_layout(here, sizeof(here), "this rank", mine);
+    snprintf(who, sizeof(who), "rank %d", other);
+    describe_layout(there, sizeof(there), who, sums + (size_t)other * SUM_WORDS);
+    free(sums);
+    return braid__error(BRAID_ERR_MISMATCH,
+                        "rank %d: bucketer: ranks formed different buckets: %s; %s%s. Every rank must register "
+                        "the same params (count and dtype, same order) with the same caps and compression",
+                        rank, here, there, detail);
 }
 
 static void free_buckets(braid_bucketer *b)
@@ -348,14 +490,69 @@ BRAID_API braid_status braid_bucketer_set_compression(braid_bucketer *b, braid_d
     return BRAID_OK;
 }
 
-/* Start the all-reduce of bucket k: averaged in place in the flat buffer. */
+/* Gradients may be CUDA device memory (braid__mem_is_device): the flat
+ * buffers are host memory, so those are copied with cudaMemcpy on the
+ * legacy default stream, which also orders the copy after the backward
+ * kernels that produced the gradient on any blocking stream. Host
+ * gradients keep plain memcpy. */
+static braid_status grad_copy(void *dst, const void *src, size_t bytes, int on_device)
+{
+    if (!on_device) {
+        memcpy(dst, src, bytes);
+        return BRAID_OK;
+    }
+    BRAID_CHECK(braid__cuda_memcpy_async(dst, src, bytes, NULL));
+    return braid__cuda_stream_sync(NULL);
+}
+
+/* A compressed bucket carries grad / world, divided in f32 and then
+ * rounded once to the wire type, and is all-reduced with SUM: the sum is
+ * the average already, and no partial sum on the wire exceeds the largest
+ * |grad| by more than its rounding. Averaging on the wire instead would
+ * add up to world * |grad| in f16 first (4 ranks of 30000 make 120000,
+ * past f16's 65504: inf). torch's fp16_compress_hook divides first too
+ * (after its cast). */
+#define PRESCALE_CHUNK 512
+
+static braid_status cast_prescaled(const braid_bucketer *b, braid_dtype wire, void *dst, const float *src,
+                                   size_t count, int on_device)
+{
+    int world = braid_pg_size(b->pg);
+    size_t wsize = braid_dtype_size(wire);
+    float tmp[PRESCALE_CHUNK];
+    float *host = NULL;
+    if (on_device) {
+        /* one copy down of the whole gradient, then the host pass */
+        host = malloc(count * sizeof(float));
+        if (!host)
+            return braid__error(BRAID_ERR_NO_MEMORY, "out of memory for %zu gradient elements", count);
+        braid_status st = grad_copy(host, src, count * sizeof(float), 1);
+        if (st != BRAID_OK) {
+            free(host);
+            return st;
+        }
+        src = host;
+    }
+    for (size_t i = 0; i < count; i += PRESCALE_CHUNK) {
+        size_t c = count - i < PRESCALE_CHUNK ? count - i : PRESCALE_CHUNK;
+        memcpy(tmp, src + i, c * sizeof(float));
+        braid__reduce_scale(BRAID_F32, BRAID_AVG, tmp, c, world);
+        braid__cast(wire, (char *)dst + i * wsize, BRAID_F32, tmp, c);
+    }
+    free(host);
+    return BRAID_OK;
+}
+
+/* Start the all-reduce of bucket k in place in the flat buffer: AVG, or
+ * SUM of the pre-scaled values of a compressed bucket (cast_prescaled). */
 static braid_status launch(braid_bucketer *b, int k)
 {
     bucket *bk = &b->buckets[k];
     bk->launched = 1;
     if (bk->count == 0)
         return BRAID_OK; /* only empty params: nothing to exchange, on any rank */
-    braid_status st = braid_allreduce(b->pg, bk->flat, bk->flat, bk->count, bk->wire_dtype, BRAID_AVG, NULL, &bk->work);
+    braid_op op = bk->wire_dtype != bk->dtype ? BRAID_SUM : BRAID_AVG;
+    braid_status st = braid_allreduce(b->pg, bk->flat, bk->flat, bk->count, bk->wire_dtype, op, NULL, &bk->work);
     if (st != BRAID_OK) {
         bk->work = NULL;
         bk->launched = 0; /* nothing to wait for or copy back */
@@ -391,10 +588,17 @@ BRAID_API braid_status braid_bucketer_ready(braid_bucketer *b, int param_id)
      * not read again until finish() writes the average back. */
     if (p->count > 0) {
         char *dst = (char *)bk->flat + p->offset * braid_dtype_size(bk->wire_dtype);
-        if (bk->wire_dtype == p->dtype)
-            memcpy(dst, p->grad, p->count * braid_dtype_size(p->dtype));
-        else
-            braid__cast(bk->wire_dtype, dst, p->dtype, p->grad, p->count);
+        int dev = braid__mem_is_device(p->grad);
+        braid_status st = bk->wire_dtype == p->dtype
+                              ? grad_copy(dst, p->grad, p->count * braid_dtype_size(p->dtype), dev)
+                              : cast_prescaled(b, bk->wire_dtype, dst, p->grad, p->count, dev);
+        if (st != BRAID_OK) {
+            char text[TEXT_MAX];
+            snprintf(text, sizeof(text), "%s", strip_status(braid_last_error(), st));
+            p->marked = 0; /* not taken: the caller may retry or give up */
+            return braid__error(st, "rank %d: bucketer step %llu: cannot copy device gradient of param %d: %s",
+                                rank_of(b), b->step, param_id, text);
+        }
     }
     bk->pending--;
     while (b->next_launch < b->nbuckets && b->buckets[b->next_launch].pending == 0) {
@@ -429,10 +633,29 @@ static braid_status drain_bucket(braid_bucketer *b, int k, char *text, size_t te
         if (p->count == 0)
             continue;
         const char *src = (const char *)bk->flat + p->offset * wsize;
-        if (bk->wire_dtype == p->dtype)
-            memcpy(p->grad, src, p->count * wsize);
-        else
+        int dev = braid__mem_is_device(p->grad);
+        braid_status st = BRAID_OK;
+        if (bk->wire_dtype == p->dtype) {
+            st = grad_copy(p->grad, src, p->count * wsize, dev);
+        } else if (!dev) {
             braid__cast(p->dtype, p->grad, bk->wire_dtype, src, p->count);
+        } else {
+            /* widen on the host, then one copy up */
+            void *wide = malloc(p->count * braid_dtype_size(p->dtype));
+            if (!wide)
+                st = braid__error(BRAID_ERR_NO_MEMORY, "out of memory");
+            else {
+                braid__cast(p->dtype, wide, bk->wire_dtype, src, p->count);
+                st = grad_copy(p->grad, wide, p->count * braid_dtype_size(p->dtype), 1);
+                free(wide);
+            }
+        }
+        if (st != BRAID_OK) {
+            snprintf(text, text_cap, "rank %d: bucketer step %llu: cannot copy the average of bucket %d back to "
+                     "device gradient of param %d: %s", rank_of(b), b->step, k, bk->param_ids[i],
+                     strip_status(braid_last_error(), st));
+            return st;
+        }
     }
     return BRAID_OK;
 }

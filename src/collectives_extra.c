@@ -3,6 +3,7 @@
  * (or the open group, which braid__work_submit records into). */
 #include <stdint.h>
 
+#include "hmem.h"
 #include "pg.h"
 #include "status.h"
 
@@ -25,7 +26,23 @@ static braid_status check_common(braid_pg *pg, const char *name, size_t count, i
     if (count > SIZE_MAX / esize / 2 / blocks)
         return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: count %zu overflows", pg->rank, name, count);
     if (cuda_stream)
-        return braid__error(BRAID_ERR_UNSUPPORTED, "rank %d: %s: CUDA streams need a CUDA build", pg->rank, name);
+        return braid__error(BRAID_ERR_UNSUPPORTED,
+                            "rank %d: %s: takes no CUDA stream (only allreduce and broadcast run on CUDA streams)",
+                            pg->rank, name);
+    return BRAID_OK;
+}
+
+/* These collectives run on host memory only: the CPU algorithms read and
+ * write the buffers directly, which would fault on CUDA device memory.
+ * Device buffers are refused up front (braid__mem_is_device makes no CUDA
+ * call in a process that has no CUDA context). */
+static braid_status check_host(const braid_pg *pg, const char *name, const char *what, const void *p, size_t count)
+{
+    if (count > 0 && p && braid__mem_is_device(p))
+        return braid__error(BRAID_ERR_UNSUPPORTED,
+                            "rank %d: %s: %s is CUDA device memory, which %s does not take (only allreduce and "
+                            "broadcast do): copy it to host memory first",
+                            pg->rank, name, what, name);
     return BRAID_OK;
 }
 
@@ -53,9 +70,11 @@ BRAID_API braid_status braid_reduce(braid_pg *pg, const void *send, void *recv, 
         return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: reduce: root %d out of range [0, %d)", pg->rank, root,
                             pg->size);
     BRAID_CHECK(check_ptr(pg, "reduce", "send", send, count));
+    BRAID_CHECK(check_host(pg, "reduce", "send", send, count));
     size_t bytes = count * braid_dtype_size(dtype);
     if (pg->rank == root) {
         BRAID_CHECK(check_ptr(pg, "reduce", "recv on the root", recv, count));
+        BRAID_CHECK(check_host(pg, "reduce", "recv", recv, count));
         if (send != recv && overlap(send, bytes, recv, bytes))
             return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: reduce: send and recv overlap without being equal",
                                 pg->rank);
@@ -76,6 +95,8 @@ BRAID_API braid_status braid_allgather(braid_pg *pg, const void *send, void *rec
     BRAID_CHECK(check_common(pg, "allgather", sendcount, 1, dtype, cuda_stream));
     BRAID_CHECK(check_ptr(pg, "allgather", "send", send, sendcount));
     BRAID_CHECK(check_ptr(pg, "allgather", "recv", recv, sendcount));
+    BRAID_CHECK(check_host(pg, "allgather", "send", send, sendcount));
+    BRAID_CHECK(check_host(pg, "allgather", "recv", recv, sendcount));
     size_t bytes = sendcount * braid_dtype_size(dtype);
     const char *own = (const char *)recv + (size_t)pg->rank * bytes;
     if (send != own && overlap(send, bytes, recv, bytes * (size_t)pg->size))
@@ -99,6 +120,8 @@ BRAID_API braid_status braid_reduce_scatter(braid_pg *pg, const void *send, void
     BRAID_CHECK(check_op(pg, "reduce_scatter", op));
     BRAID_CHECK(check_ptr(pg, "reduce_scatter", "send", send, recvcount));
     BRAID_CHECK(check_ptr(pg, "reduce_scatter", "recv", recv, recvcount));
+    BRAID_CHECK(check_host(pg, "reduce_scatter", "send", send, recvcount));
+    BRAID_CHECK(check_host(pg, "reduce_scatter", "recv", recv, recvcount));
     size_t bytes = recvcount * braid_dtype_size(dtype);
     const char *own = (const char *)send + (size_t)pg->rank * bytes;
     if ((const char *)recv != own && overlap(recv, bytes, send, bytes * (size_t)pg->size))
@@ -120,6 +143,7 @@ static braid_status check_p2p(braid_pg *pg, const char *name, const void *buf, s
 {
     BRAID_CHECK(check_common(pg, name, count, 0, dtype, cuda_stream));
     BRAID_CHECK(check_ptr(pg, name, "buf", buf, count));
+    BRAID_CHECK(check_host(pg, name, "buf", buf, count));
     if (peer < 0 || peer >= pg->size)
         return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: peer %d out of range [0, %d)", pg->rank, name, peer,
                             pg->size);

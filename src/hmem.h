@@ -1,6 +1,7 @@
 /* Memory-type layer: which buffers live on a CUDA device, and how a
- * collective on device buffers is staged through pinned host memory and
- * ordered against the caller's CUDA stream (docs/CUDA.md).
+ * collective on device buffers runs (staged through pinned host memory,
+ * or as the device ring with the reduction in CUDA kernels) and is ordered
+ * against the caller's CUDA stream (docs/CUDA.md).
  *
  * Two implementations with one interface, like cuda/braid_cuda.h:
  * cuda/hmem_cuda.c when braid is built with CUDA, cuda/hmem_stub.c when it
@@ -27,9 +28,10 @@ int braid__mem_is_device(const void *p);
  * (and, for work != NULL, cuda_stream is made to wait for the result). */
 braid_status braid__hmem_submit(braid_pg *pg, const braid_coll *coll, void *cuda_stream, braid_work **work);
 
-/* Run a staging job (coll->hmem != NULL) on the executor: copies down,
+/* Run a staging job (coll->hmem != NULL) on the executor: the device ring
+ * for all-reduces above one piece on device buffers, else copies down,
  * runs the host algorithm per piece through braid__coll_run(), copies
- * back, and releases the caller's stream. Called by braid__coll_run(). */
+ * back; then releases the caller's stream. Called by braid__coll_run(). */
 braid_status braid__hmem_coll_run(braid_pg *pg, braid_coll *coll);
 
 /* Drop the job's staging state; a job that never ran still releases the

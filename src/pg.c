@@ -14,12 +14,15 @@
 #include "log.h"
 #include "param.h"
 #include "pg.h"
+#include "pg_shrink.h"
 #include "status.h"
 #include "transport.h"
 #include "hmem.h"
+#include "checksum.h"
 
 #define DEFAULT_TIMEOUT_MS 300000
-#define DEFAULT_NSOCKS 2
+#define AUTO_NSOCKS 0 /* the transport picks per peer */
+#define STORE_DRAIN_MS 5000 /* longest rank 0 waits at destroy for others to leave its store */
 #define DEFAULT_CHUNK_BYTES (512 * 1024)
 #define MAX_GROUP_SIZE 65536
 #define EAGER_MESH_MAX 64
@@ -46,7 +49,9 @@ static braid_algo parse_algo(const char *s)
         return BRAID_ALGO_RING;
     if (!strcmp(s, "rd") || !strcmp(s, "recursive_doubling"))
         return BRAID_ALGO_RECURSIVE_DOUBLING;
-    BRAID_WARN("ignoring BRAID_ALGO=%s (expected auto, ring or rd)", s);
+    if (!strcmp(s, "hier") || !strcmp(s, "hierarchical"))
+        return BRAID_ALGO_HIER;
+    BRAID_WARN("ignoring BRAID_ALGO=%s (expected auto, ring, rd or hier)", s);
     return BRAID_ALGO_AUTO;
 }
 
@@ -61,13 +66,13 @@ static braid_status apply_config(braid_pg *pg, const braid_config *cfg)
         memcpy(&c, cfg, cfg->size < sizeof(c) ? cfg->size : sizeof(c));
     }
     long long timeout = c.timeout_ms > 0 ? c.timeout_ms : braid__param_int("BRAID_TIMEOUT_MS", DEFAULT_TIMEOUT_MS);
-    long long nsocks = c.nsocks > 0 ? c.nsocks : braid__param_int("BRAID_NSOCKS", DEFAULT_NSOCKS);
+    long long nsocks = c.nsocks > 0 ? c.nsocks : braid__param_int("BRAID_NSOCKS", AUTO_NSOCKS);
     long long chunk = c.chunk_bytes > 0 ? (long long)c.chunk_bytes
                                         : braid__param_int("BRAID_CHUNK_BYTES", DEFAULT_CHUNK_BYTES);
     if (timeout <= 0 || timeout > 24LL * 3600 * 1000)
         return braid__error(BRAID_ERR_INVALID_ARG, "timeout %lld ms out of range", timeout);
-    if (nsocks < 1 || nsocks > 16)
-        return braid__error(BRAID_ERR_INVALID_ARG, "nsocks %lld out of range [1, 16]", nsocks);
+    if (nsocks < 0 || nsocks > 16)
+        return braid__error(BRAID_ERR_INVALID_ARG, "nsocks %lld out of range [1, 16] (0: automatic)", nsocks);
     if (chunk < 4096 || chunk > (1LL << 30))
         return braid__error(BRAID_ERR_INVALID_ARG, "chunk size %lld out of range [4096, 1 GiB]", chunk);
     if ((unsigned)c.algo >= BRAID_ALGO_COUNT)
@@ -77,6 +82,7 @@ static braid_status apply_config(braid_pg *pg, const braid_config *cfg)
     pg->ctx.nsocks = (int)nsocks;
     pg->chunk_bytes = (size_t)chunk & ~(size_t)63; /* whole cache lines: vector-friendly chunk edges */
     pg->algo = c.algo != BRAID_ALGO_AUTO ? c.algo : parse_algo(braid__param_str("BRAID_ALGO"));
+    pg->checksum = c.checksum != 0 ? c.checksum > 0 : braid__param_int("BRAID_CHECKSUM", 0) > 0;
     return BRAID_OK;
 }
 
@@ -93,15 +99,17 @@ static braid_pg *pg_alloc(int rank, int size)
     pg->conns = calloc((size_t)size, sizeof(*pg->conns));
     pg->peer_addr = calloc((size_t)size, sizeof(*pg->peer_addr));
     pg->local_addr = calloc((size_t)size, sizeof(*pg->local_addr));
-    if (!pg->conns || !pg->peer_addr || !pg->local_addr) {
+    pg->host_hash = calloc((size_t)size, sizeof(*pg->host_hash));
+    if (!pg->conns || !pg->peer_addr || !pg->local_addr || !pg->host_hash) {
         free(pg->conns);
         free(pg->peer_addr);
         free(pg->local_addr);
+        free(pg->host_hash);
         free(pg);
         return NULL;
     }
     pthread_mutex_init(&pg->mu, NULL);
-    pthread_cond_init(&pg->cv, NULL);
+    braid__work_cond_init(pg);
     atomic_init(&pg->aborted, 0);
     atomic_init(&pg->error, BRAID_OK);
     return pg;
@@ -111,6 +119,7 @@ static void pg_release(braid_pg *pg)
 {
     braid__work_stop_thread(pg);
     braid__hmem_pg_release(pg);
+    braid__shrink_release(pg);
     braid__group_release(pg);
     for (int i = 0; i < pg->size; i++)
         if (pg->conns[i])
@@ -119,10 +128,15 @@ static void pg_release(braid_pg *pg)
         pg->local_listener->ops->close_listener(pg->local_listener);
     if (pg->listener)
         pg->listener->ops->close_listener(pg->listener);
+    /* A joined rank closed its store client at the end of init; rank 0
+     * then serves the others until they have too (briefly: they close
+     * right after their last answer), instead of cutting one off mid-read.
+     * A failed init stops at once, so waiting peers learn of it. */
+    int joined = pg->store == NULL;
     if (pg->store)
         braid__store_close(pg->store);
     if (pg->store_server)
-        braid__store_server_stop(pg->store_server);
+        braid__store_server_stop_drained(pg->store_server, joined ? STORE_DRAIN_MS : 0);
     if (pg->wake_fd >= 0)
         close(pg->wake_fd);
     pthread_mutex_destroy(&pg->mu);
@@ -131,6 +145,8 @@ static void pg_release(braid_pg *pg)
     free(pg->conns);
     free(pg->peer_addr);
     free(pg->local_addr);
+    free(pg->host_hash);
+    free(pg->hier_topo);
     free(pg);
 }
 
@@ -192,6 +208,17 @@ static void host_identity(char *buf, size_t cap)
     snprintf(buf, cap, "%s|%s|%s", host, boot, netns);
 }
 
+/* FNV-1a of a host identity: ranks with equal hashes form one host for the
+ * hierarchical all-reduce (a collision would only cost speed, never
+ * results: that algorithm is exact for any grouping). */
+static uint64_t host_hash(const char *id)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *id; id++)
+        h = (h ^ (uint8_t)*id) * 0x100000001b3ull;
+    return h;
+}
+
 /* Publish this rank's host identity and same-host address ("" without a
  * local transport); a pair uses the local transport when both ends
  * published an address from one host, so both decide alike. */
@@ -200,6 +227,9 @@ static braid_status exchange_local(braid_pg *pg)
     char key[64], me[512], other[512];
     size_t len;
     host_identity(me, sizeof(me));
+    pg->host_hash[pg->rank] = host_hash(me);
+    pg->local_rank = 0;
+    pg->local_size = 1;
     snprintf(key, sizeof(key), "host/%d", pg->rank);
     BRAID_CHECK(braid__store_set(pg->store, key, me, strlen(me) + 1));
     snprintf(key, sizeof(key), "laddr/%d", pg->rank);
@@ -211,6 +241,11 @@ static braid_status exchange_local(braid_pg *pg)
         BRAID_CHECK(braid__store_get(pg->store, key, other, sizeof(other), &len, pg->timeout_ms));
         if (len == 0 || len > sizeof(other) || other[len - 1] != '\0')
             return braid__error(BRAID_ERR_PEER, "rank %d: rank %d published a malformed host identity", pg->rank, i);
+        pg->host_hash[i] = host_hash(other);
+        if (strcmp(me, other) == 0) {
+            pg->local_size++;
+            pg->local_rank += i < pg->rank;
+        }
         snprintf(key, sizeof(key), "laddr/%d", i);
         BRAID_CHECK(braid__store_get(pg->store, key, pg->local_addr[i], BRAID_ADDR_MAX, &len, pg->timeout_ms));
         if (len == 0 || len > BRAID_ADDR_MAX || pg->local_addr[i][len - 1] != '\0')
@@ -239,6 +274,55 @@ static braid_status agree_tag(braid_pg *pg)
     return BRAID_OK;
 }
 
+/* The group's transport. Ranks vote on the transports used only when every
+ * rank can (verbs): each publishes its probe verdicts and reads everyone's,
+ * so all take verbs or all fall back, and rank 0 logs why
+ * (docs/TRANSPORTS.md). A single rank has nobody to agree with. */
+static braid_status select_transport(braid_pg *pg, const char *want)
+{
+    if (pg->size == 1 || !braid__transport_agreement_needed())
+        return braid__transport_select(want, pg->rank, NULL, &pg->transport);
+    braid_transport_tally *tally = malloc(sizeof(*tally));
+    char *vote = malloc(BRAID_TRANSPORT_VOTE_MAX);
+    braid_status st = BRAID_OK;
+    if (!tally || !vote) {
+        st = braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for the transport vote", pg->rank);
+        goto out;
+    }
+    char key[64];
+    size_t len;
+    braid__transport_tally_init(tally);
+    braid__transport_vote(want, vote, BRAID_TRANSPORT_VOTE_MAX);
+    braid__transport_tally_add(tally, pg->rank, vote);
+    snprintf(key, sizeof(key), "tvote/%d", pg->rank);
+    BRAID_CHECK_GOTO(braid__store_set(pg->store, key, vote, strlen(vote) + 1), st, out);
+    for (int i = 0; i < pg->size; i++) {
+        if (i == pg->rank)
+            continue;
+        snprintf(key, sizeof(key), "tvote/%d", i);
+        BRAID_CHECK_GOTO(braid__store_get(pg->store, key, vote, BRAID_TRANSPORT_VOTE_MAX, &len, pg->timeout_ms), st,
+                         out);
+        if (len == 0 || len > BRAID_TRANSPORT_VOTE_MAX || vote[len - 1] != '\0') {
+            st = braid__error(BRAID_ERR_PEER, "rank %d: rank %d published a malformed transport vote", pg->rank, i);
+            goto out;
+        }
+        braid__transport_tally_add(tally, i, vote);
+    }
+    st = braid__transport_select(want, pg->rank, tally, &pg->transport);
+    if (st != BRAID_OK) {
+        /* Every rank fails alike; rank 0's store must outlive the others'
+         * reads of the votes. */
+        char text[512];
+        snprintf(text, sizeof(text), "%s", braid_last_error());
+        (void)store_barrier(pg, "tvote");
+        braid__error_set_text(text);
+    }
+out:
+    free(vote);
+    free(tally);
+    return st;
+}
+
 static braid_status pg_join(braid_pg *pg, const braid_rendezvous *rv, const braid_config *cfg)
 {
     BRAID_CHECK(apply_config(pg, cfg));
@@ -259,6 +343,7 @@ static braid_status pg_join(braid_pg *pg, const braid_rendezvous *rv, const brai
     }
     BRAID_CHECK(braid__store_connect(rv->host, rv->port, rv->secret, pg->rank, pg->timeout_ms, &pg->store));
     BRAID_CHECK(agree_tag(pg));
+    BRAID_CHECK(braid__checksum_announce(pg->store, pg->checksum)); /* before our address: see below */
 
     const char *ifname = cfg && cfg->size > offsetof(braid_config, socket_ifname) && cfg->socket_ifname
                              ? cfg->socket_ifname
@@ -271,7 +356,7 @@ static braid_status pg_join(braid_pg *pg, const braid_rendezvous *rv, const brai
     const char *want = cfg && cfg->size > offsetof(braid_config, transports) && cfg->transports
                            ? cfg->transports
                            : braid__param_str("BRAID_TRANSPORT");
-    BRAID_CHECK(braid__transport_select(want, pg->rank, &pg->transport));
+    BRAID_CHECK(select_transport(pg, want));
     BRAID_CHECK(pg->transport->listen(&pg->ctx, &pg->listener, pg->peer_addr[pg->rank]));
     pg->local_transport = pg->size > 1 ? braid__transport_select_local(want, pg->rank) : NULL;
     if (pg->local_transport &&
@@ -282,8 +367,18 @@ static braid_status pg_join(braid_pg *pg, const braid_rendezvous *rv, const brai
         pg->local_addr[pg->rank][0] = '\0';
     }
     BRAID_CHECK(exchange_addresses(pg));
+    /* Every rank announced its checksum setting before its address, so all
+     * are counted now; read before the barrier, which rank 0's store
+     * outlives, and judged after it, so every rank fails alike. */
+    int64_t checksum_ranks;
+    BRAID_CHECK(braid__checksum_count(pg->store, &checksum_ranks));
     BRAID_CHECK(exchange_local(pg));
+    BRAID_CHECK(braid__shrink_prepare(pg, cfg));
     BRAID_CHECK(store_barrier(pg, "init"));
+    BRAID_CHECK(braid__checksum_agree(pg->store, pg->rank, pg->size, pg->checksum, checksum_ranks, pg->timeout_ms));
+    /* That was the last store call: nothing later needs the store. */
+    braid__store_close(pg->store);
+    pg->store = NULL;
 
     /* Connect every peer now (ring neighbours first) for groups up to
      * EAGER_MESH_MAX: no collective pays set-up, and a failing rank's closed
@@ -305,10 +400,13 @@ static braid_status pg_join(braid_pg *pg, const braid_rendezvous *rv, const brai
     int nlocal = 0;
     for (int p = 0; p < pg->size; p++)
         nlocal += p != pg->rank && pg->local_addr[p][0] != '\0';
-    BRAID_INFO("rank %d of %d joined via %s:%d, transport %s, listening on %s, %d sockets/peer, chunk %zu, "
+    char socks[16] = "auto";
+    if (pg->ctx.nsocks > 0)
+        snprintf(socks, sizeof(socks), "%d", pg->ctx.nsocks);
+    BRAID_INFO("rank %d of %d joined via %s:%d, transport %s, listening on %s, %s sockets/peer, chunk %zu, "
                "%s for %d same-host peers",
-               pg->rank, pg->size, rv->host, rv->port, pg->transport->name, pg->peer_addr[pg->rank],
-               pg->ctx.nsocks, pg->chunk_bytes, pg->local_transport ? pg->local_transport->name : "none", nlocal);
+               pg->rank, pg->size, rv->host, rv->port, pg->transport->name, pg->peer_addr[pg->rank], socks,
+               pg->chunk_bytes, pg->local_transport ? pg->local_transport->name : "none", nlocal);
     return BRAID_OK;
 }
 
@@ -320,6 +418,13 @@ static braid_status pg_init_common(braid_pg **out, int rank, int size, const bra
         return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for a group of %d", rank, size);
     braid__log_set_rank(rank);
     braid_status st = pg_join(pg, rv, cfg);
+    if (st == BRAID_OK && rv->local_rank >= 0) {
+        /* The launcher knows which device slot it gave this process. */
+        if (rv->local_rank != pg->local_rank)
+            BRAID_INFO("rank %d: launcher local rank %d, position %d of %d among this host's ranks", rank,
+                       rv->local_rank, pg->local_rank, pg->local_size);
+        pg->local_rank = rv->local_rank;
+    }
     if (st != BRAID_OK) {
         char text[512];
         snprintf(text, sizeof(text), "%s", braid_last_error());
@@ -331,6 +436,12 @@ static braid_status pg_init_common(braid_pg **out, int rank, int size, const bra
     braid__error_clear();
     *out = pg;
     return BRAID_OK;
+}
+
+braid_status braid__pg_create(braid_pg **pg, int rank, int size, const braid_rendezvous *rv,
+                              const braid_config *cfg)
+{
+    return pg_init_common(pg, rank, size, rv, cfg);
 }
 
 BRAID_API braid_status braid_pg_init(braid_pg **pg, int rank, int size, const braid_unique_id_t *id,
@@ -388,6 +499,16 @@ BRAID_API int braid_pg_size(const braid_pg *pg)
     return pg ? pg->size : -1;
 }
 
+BRAID_API int braid_pg_local_rank(const braid_pg *pg)
+{
+    return pg ? pg->local_rank : -1;
+}
+
+BRAID_API int braid_pg_local_size(const braid_pg *pg)
+{
+    return pg ? pg->local_size : -1;
+}
+
 BRAID_API braid_status braid_pg_error(const braid_pg *pg)
 {
     return pg ? (braid_status)atomic_load(&pg->error) : BRAID_ERR_INVALID_ARG;
@@ -409,6 +530,13 @@ braid_status braid__pg_conn(braid_pg *pg, int peer, braid_conn **conn)
         BRAID_CHECK(t->connect(&pg->ctx, peer, local ? pg->local_addr[peer] : pg->peer_addr[peer], pg->timeout_ms, &c));
     else
         BRAID_CHECK(l->ops->accept(l, peer, pg->timeout_ms, &c));
+    if (pg->checksum) {
+        braid_status st = braid__checksum_wrap(pg->rank, &c);
+        if (st != BRAID_OK) {
+            c->ops->close(c);
+            return st;
+        }
+    }
     pg->conns[peer] = c;
     *conn = c;
     return BRAID_OK;

@@ -44,6 +44,8 @@ struct braid_work {
     braid_pg *pg;
     atomic_int done;            /* set once, under pg->mu, with status */
     atomic_int refs;            /* caller + executor; the last one frees */
+    int64_t submit_ms;          /* braid__now_ms() when queued */
+    int64_t start_ms;           /* when the executor began it; 0 while queued (under pg->mu) */
     braid_status status;
     char error_text[512];
 };
@@ -51,10 +53,13 @@ struct braid_work {
 struct braid_pg {
     int rank;
     int size;
+    int local_rank;             /* among the ranks on this host (see braid.h) */
+    int local_size;
     braid_transport_ctx ctx;
     int timeout_ms;
     size_t chunk_bytes;
     braid_algo algo;
+    int checksum;               /* CRC32C every message (src/checksum.c); same on every rank */
 
     /* Rendezvous: the store (rank 0 also serves it) and peer addresses. */
     braid_store_server *store_server;
@@ -68,6 +73,14 @@ struct braid_pg {
     const braid_transport_ops *local_transport;
     braid_listener *local_listener;
     char (*local_addr)[BRAID_ADDR_MAX];
+    /* host_hash[p]: hash of rank p's host identity (the one that decides
+     * same-host pairs, with or without a local transport), for
+     * topology-aware algorithms; hier_topo is algo/hier_allreduce.c's view
+     * of it, made on first use; algo_logged: bit (1 << algo) once the
+     * tuner has logged its first choice of algo. */
+    uint64_t *host_hash;
+    struct braid_hier_topo *hier_topo;
+    unsigned algo_logged;
     braid_conn **conns;         /* [size]; NULL until first use */
 
     /* Failure state: sticky first error, abort flag and a wake-up fd that
@@ -100,6 +113,10 @@ struct braid_pg {
     /* CUDA staging (src/hmem.h): pinned buffers and streams, made by the
      * first call on device memory. */
     struct braid_hmem *hmem;
+
+    /* Group shrink (pg_shrink.c): this rank's shrink socket, every rank's
+     * shrink address and a copy of the config; made in braid_pg_init. */
+    struct braid_shrink *shrink;
 };
 
 /* Connection to peer, connecting or accepting on first use. */
@@ -119,6 +136,9 @@ braid_status braid__pg_check_usable(braid_pg *pg, const char *op_name);
  * whatever it returns. */
 braid_status braid__work_submit(braid_pg *pg, const braid_coll *coll, braid_work **work);
 braid_status braid__work_start_thread(braid_pg *pg);
+/* Initialize pg->cv on the monotonic clock, which braid_wait's deadlines
+ * are measured on (a wall-clock step must not stretch or cut them). */
+void braid__work_cond_init(braid_pg *pg);
 void braid__work_stop_thread(braid_pg *pg);
 
 /* Groups (group.c). A call made inside an open group on its opening

@@ -25,6 +25,7 @@ static const char *const status_names[BRAID_STATUS_COUNT] = {
     [BRAID_ERR_ABORTED] = "BRAID_ERR_ABORTED",
     [BRAID_ERR_INTERNAL] = "BRAID_ERR_INTERNAL",
     [BRAID_ERR_NO_MEMORY] = "BRAID_ERR_NO_MEMORY",
+    [BRAID_ERR_CORRUPT] = "BRAID_ERR_CORRUPT",
 };
 
 BRAID_API const char *braid_status_string(braid_status status)

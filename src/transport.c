@@ -51,6 +51,22 @@ static int usable(const braid_transport_ops *ops, int rank, char *why, size_t wh
     return 0;
 }
 
+/* Transports the whole group agrees on before any rank uses one: they
+ * reach other hosts but, unlike TCP, may be missing or broken on some of
+ * them, and a pair whose ends chose differently could never connect. */
+static int agreed(const braid_transport_ops *t)
+{
+    return t && t == builtin[BRAID_TRANSPORT_VERBS];
+}
+
+int braid__transport_agreement_needed(void)
+{
+    for (int i = 0; i < BRAID_TRANSPORT_ID_COUNT; i++)
+        if (agreed(builtin[i]))
+            return 1;
+    return 0;
+}
+
 /* Number of names in a comma-separated list, and whether one is name. */
 static int list_count(const char *want, const char *name, int *has)
 {
@@ -70,6 +86,92 @@ static int list_count(const char *want, const char *name, int *has)
     return n;
 }
 
+/* Does want (NULL: automatic) consider t for the group's transport? */
+static int candidate(const char *want, const braid_transport_ops *t)
+{
+    if (!want) {
+        for (size_t i = 0; i < sizeof(preference) / sizeof(preference[0]); i++)
+            if (builtin[preference[i]] == t)
+                return 1;
+        return 0;
+    }
+    int has;
+    list_count(want, t->name, &has);
+    return has;
+}
+
+/* A vote is one line per agreed transport this rank considers: "+name"
+ * when its probe passed, "-name:reason" when not; a transport the rank
+ * does not consider has no line. */
+void braid__transport_vote(const char *want, char *vote, size_t cap)
+{
+    size_t used = 0;
+    vote[0] = '\0';
+    for (int i = 0; i < BRAID_TRANSPORT_ID_COUNT; i++) {
+        const braid_transport_ops *t = builtin[i];
+        if (!agreed(t) || !candidate(want, t))
+            continue;
+        char why[BRAID_TRANSPORT_WHY_MAX] = "";
+        int ok = t->probe(why, sizeof(why)) == BRAID_OK;
+        for (char *p = why; *p; p++)
+            if (*p == '\n')
+                *p = ' ';
+        if (!ok && !why[0])
+            snprintf(why, sizeof(why), "probe failed");
+        int n = ok ? snprintf(vote + used, cap - used, "+%s\n", t->name)
+                   : snprintf(vote + used, cap - used, "-%s:%s\n", t->name, why);
+        if (n < 0 || (size_t)n >= cap - used) {
+            vote[used] = '\0'; /* a truncated line would read as another verdict */
+            break;
+        }
+        used += (size_t)n;
+    }
+}
+
+void braid__transport_tally_init(braid_transport_tally *tally)
+{
+    memset(tally, 0, sizeof(*tally));
+    for (int i = 0; i < BRAID_TRANSPORT_ID_COUNT; i++)
+        tally->first_rank[i] = -1;
+}
+
+/* Rank voter's verdict on t from its vote: 1 usable, 0 not (why says
+ * so). */
+static int vote_says(const char *vote, const braid_transport_ops *t, char *why, size_t cap)
+{
+    size_t nlen = strlen(t->name);
+    for (const char *p = vote; *p;) {
+        size_t len = strcspn(p, "\n");
+        if (len == nlen + 1 && p[0] == '+' && !strncmp(p + 1, t->name, nlen))
+            return 1;
+        if (len > nlen + 1 && p[0] == '-' && !strncmp(p + 1, t->name, nlen) && p[nlen + 1] == ':') {
+            snprintf(why, cap, "%.*s", (int)(len - nlen - 2), p + nlen + 2);
+            return 0;
+        }
+        p += len;
+        if (*p == '\n')
+            p++;
+    }
+    snprintf(why, cap, "not requested there (BRAID_TRANSPORT or braid_config.transports)");
+    return 0;
+}
+
+void braid__transport_tally_add(braid_transport_tally *tally, int voter, const char *vote)
+{
+    for (int i = 0; i < BRAID_TRANSPORT_ID_COUNT; i++) {
+        const braid_transport_ops *t = builtin[i];
+        char why[BRAID_TRANSPORT_WHY_MAX];
+        if (!agreed(t) || vote_says(vote, t, why, sizeof(why)))
+            continue;
+        tally->failed[i]++;
+        if (tally->first_rank[i] < 0 || voter < tally->first_rank[i]) {
+            tally->first_rank[i] = voter;
+            snprintf(tally->first_why[i], sizeof(tally->first_why[i]), "%s", why);
+        }
+    }
+    tally->voters++;
+}
+
 const braid_transport_ops *braid__transport_select_local(const char *want, int rank)
 {
     const braid_transport_ops *shm = builtin[BRAID_TRANSPORT_SHM];
@@ -84,41 +186,88 @@ const braid_transport_ops *braid__transport_select_local(const char *want, int r
     return usable(shm, rank, why, sizeof(why)) ? shm : NULL;
 }
 
-braid_status braid__transport_select(const char *want, int rank, const braid_transport_ops **ops)
+/* "rank 3: port 1 of mlx5_0 is DOWN (and 2 more ranks)" */
+static void tally_reason(const braid_transport_tally *tally, int id, char *why, size_t cap)
+{
+    int more = tally->failed[id] - 1;
+    if (more > 0)
+        snprintf(why, cap, "rank %d: %s (and %d more rank%s)", tally->first_rank[id], tally->first_why[id], more,
+                 more > 1 ? "s" : "");
+    else
+        snprintf(why, cap, "rank %d: %s", tally->first_rank[id], tally->first_why[id]);
+}
+
+static int id_of(const braid_transport_ops *t)
+{
+    for (int i = 0; i < BRAID_TRANSPORT_ID_COUNT; i++)
+        if (builtin[i] == t)
+            return i;
+    return -1;
+}
+
+/* Candidate t of the group's transport: an agreed one by every rank's
+ * vote, any other by this rank's probe. */
+static int group_usable(const braid_transport_ops *t, int rank, const braid_transport_tally *tally, char *why,
+                        size_t cap)
+{
+    if (!agreed(t) || !tally)
+        return usable(t, rank, why, cap);
+    int id = id_of(t);
+    if (tally->failed[id] == 0)
+        return 1;
+    tally_reason(tally, id, why, cap);
+    return 0;
+}
+
+braid_status braid__transport_select(const char *want, int rank, const braid_transport_tally *tally,
+                                     const braid_transport_ops **ops)
 {
     /* shm reaches only this host: next to other names it serves same-host
      * peers (braid__transport_select_local) and the others pick the rest. */
     int has_shm = 0;
     int skip_shm = want && list_count(want, "shm", &has_shm) > 1 && has_shm;
-    char why[512] = "";
+    char why[BRAID_TRANSPORT_WHY_MAX] = "", refused_why[BRAID_TRANSPORT_WHY_MAX] = "";
     const char *last = NULL;
-    if (!want) {
-        for (size_t i = 0; i < sizeof(preference) / sizeof(preference[0]); i++) {
-            const braid_transport_ops *t = builtin[preference[i]];
-            if (t && usable(t, rank, why, sizeof(why))) {
-                *ops = t;
-                return BRAID_OK;
-            }
+    const braid_transport_ops *refused = NULL, *chosen = NULL;
+    size_t npref = sizeof(preference) / sizeof(preference[0]);
+    const char *p = want;
+    for (size_t k = 0; !chosen && (want ? *p != '\0' : k < npref); k++) {
+        const braid_transport_ops *t;
+        if (want) {
+            size_t len = strcspn(p, ",");
+            t = by_name(p, len);
+            if (!t && len)
+                BRAID_WARN("rank %d: unknown transport '%.*s' in BRAID_TRANSPORT", rank, (int)len, p);
+            p += len;
+            if (*p == ',')
+                p++;
+            if (!t || (skip_shm && t == builtin[BRAID_TRANSPORT_SHM]))
+                continue; /* shm here: same-host peers only, chosen by braid__transport_select_local */
+        } else {
+            t = builtin[preference[k]];
+            if (!t)
+                continue;
         }
-        return braid__error(BRAID_ERR_UNSUPPORTED, "rank %d: no usable transport", rank);
-    }
-    for (const char *p = want; *p;) {
-        size_t len = strcspn(p, ",");
-        const braid_transport_ops *t = by_name(p, len);
-        if (t && skip_shm && t == builtin[BRAID_TRANSPORT_SHM]) {
-            /* same-host peers only: chosen by braid__transport_select_local */
-        } else if (!t)
-            BRAID_WARN("rank %d: unknown transport '%.*s' in BRAID_TRANSPORT", rank, (int)len, p);
-        else if (usable(t, rank, why, sizeof(why))) {
-            *ops = t;
-            return BRAID_OK;
+        if (group_usable(t, rank, tally, why, sizeof(why))) {
+            chosen = t;
         } else {
             last = t->name;
+            if (agreed(t) && tally && !refused) {
+                refused = t;
+                snprintf(refused_why, sizeof(refused_why), "%s", why);
+            }
         }
-        p += len;
-        if (*p == ',')
-            p++;
     }
+    if (chosen) {
+        /* The group's one line about it: every rank read the same votes. */
+        if (refused && rank == 0)
+            BRAID_INFO("%s disabled: %s; using %s", refused->name, refused_why, chosen->name);
+        *ops = chosen;
+        return BRAID_OK;
+    }
+    if (!want)
+        return braid__error(BRAID_ERR_UNSUPPORTED, "rank %d: no usable transport%s%s", rank, last ? ": " : "",
+                            last ? why : "");
     if (last)
         return braid__error(BRAID_ERR_UNSUPPORTED, "rank %d: none of the requested transports '%s' is usable (%s: %s)",
                             rank, want, last, why);

@@ -15,11 +15,39 @@ typedef enum {
 /* The ops of transport id, or NULL when not built in. */
 const braid_transport_ops *braid__transport_get(braid_transport_id id);
 
+/* Group agreement on the transports that need it (verbs: reaches other
+ * hosts, but may be missing or broken on some). Every rank builds its vote
+ * (braid__transport_vote: its own probe verdicts, as text), publishes it,
+ * and adds every rank's vote, its own included, to a tally; since all
+ * ranks tally the same votes, all decide alike. */
+#define BRAID_TRANSPORT_WHY_MAX 384
+#define BRAID_TRANSPORT_VOTE_MAX 1024
+
+typedef struct {
+    int voters;
+    int failed[BRAID_TRANSPORT_ID_COUNT];     /* ranks that cannot use it */
+    int first_rank[BRAID_TRANSPORT_ID_COUNT]; /* the lowest of them, -1: none */
+    char first_why[BRAID_TRANSPORT_ID_COUNT][BRAID_TRANSPORT_WHY_MAX];
+} braid_transport_tally;
+
+/* Whether any built-in transport needs the agreement (else skip it). */
+int braid__transport_agreement_needed(void);
+/* This rank's vote on the agreed transports that want considers: a
+ * line per transport, "+name" or "-name:reason". */
+void braid__transport_vote(const char *want, char *vote, size_t cap);
+void braid__transport_tally_init(braid_transport_tally *tally);
+void braid__transport_tally_add(braid_transport_tally *tally, int voter, const char *vote);
+
 /* Pick the transport for the group: the first of `want` (comma-separated
- * names, NULL = every built-in in preference order: verbs, then tcp) whose
- * probe succeeds. Logs why each skipped one is unusable (INFO), and names
- * the last reason in the error when none is. */
-braid_status braid__transport_select(const char *want, int rank, const braid_transport_ops **ops);
+ * names, NULL = every built-in in preference order: verbs, then tcp) that
+ * is usable: an agreed transport (verbs) when every rank's vote in tally
+ * says so, any other when this rank's probe succeeds (tally NULL: by the
+ * local probe alone). When an agreed transport is passed over for a later
+ * one, rank 0 logs one INFO line naming the first failing rank and its
+ * reason; other skipped transports are logged per rank (INFO). The error,
+ * when none is usable, names the last reason. */
+braid_status braid__transport_select(const char *want, int rank, const braid_transport_tally *tally,
+                                     const braid_transport_ops **ops);
 
 /* Transport for peers on this rank's host, used beside the one
  * braid__transport_select picks: shm when want is NULL or names shm next to

@@ -52,6 +52,7 @@ static void *progress_main(void *arg)
         if (pg->stopping)
             break;
         braid_work *w = queue_pop_locked(pg);
+        w->start_ms = braid__now_ms();
         pg->busy = 1;
         pthread_mutex_unlock(&pg->mu);
         braid_status st = braid__coll_run(pg, &w->coll);
@@ -101,21 +102,70 @@ void braid__work_stop_thread(braid_pg *pg)
     pg->thread_started = 0;
 }
 
-static braid_status wait_locked(braid_pg *pg, braid_work *w, int timeout_ms)
+/* The clock pg->cv's timed waits use: CLOCK_MONOTONIC, unless the C
+ * library refuses it (Linux never does), then the wall clock with each
+ * deadline converted just before the wait. */
+static clockid_t wait_clock = CLOCK_MONOTONIC;
+
+void braid__work_cond_init(braid_pg *pg)
 {
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += timeout_ms / 1000;
-    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
+    pthread_condattr_t attr;
+    int rc = pthread_condattr_init(&attr);
+    if (rc == 0) {
+        rc = pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+        if (rc == 0)
+            rc = pthread_cond_init(&pg->cv, &attr);
+        pthread_condattr_destroy(&attr);
     }
-    while (!atomic_load(&w->done)) {
-        if (pthread_cond_timedwait(&pg->cv, &pg->mu, &until) == ETIMEDOUT && !atomic_load(&w->done))
+    if (rc != 0) {
+        BRAID_WARN("rank %d: no CLOCK_MONOTONIC condition variable (error %d): braid_wait deadlines follow the "
+                   "wall clock",
+                   pg->rank, rc);
+        wait_clock = CLOCK_REALTIME;
+        pthread_cond_init(&pg->cv, NULL);
+    }
+}
+
+/* Time after the collective's own deadline (pg->timeout_ms from its start,
+ * see algo/common.c) that braid_wait(-1) still waits: the executor reports
+ * the collective's BRAID_ERR_TIMEOUT, with its detail, before this fires. */
+#define WAIT_GRACE_MS 1000
+
+/* The monotonic time ms (braid__now_ms) on wait_clock. */
+static void wait_clock_at(int64_t ms, struct timespec *ts)
+{
+    if (wait_clock != CLOCK_MONOTONIC) {
+        struct timespec now;
+        clock_gettime(wait_clock, &now);
+        ms += (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000 - braid__now_ms();
+    }
+    ts->tv_sec = (time_t)(ms / 1000);
+    ts->tv_nsec = (long)(ms % 1000) * 1000000L;
+}
+
+/* Wait for w until the monotonic time deadline_ms; deadline_ms < 0: the
+ * default deadline, counted from when the collective started (or, while
+ * it is still queued, from when it was submitted) and not from this call,
+ * so repeated waits cannot push it out. The default is re-read after each
+ * wake-up because start_ms is set when the executor picks w up. Returns
+ * BRAID_ERR_TIMEOUT; *counted_from is where a default deadline counts
+ * from. */
+static braid_status wait_locked(braid_pg *pg, braid_work *w, int64_t deadline_ms, int64_t *counted_from)
+{
+    for (;;) {
+        if (atomic_load(&w->done))
+            return BRAID_OK;
+        int64_t until = deadline_ms;
+        if (deadline_ms < 0) {
+            *counted_from = w->start_ms ? w->start_ms : w->submit_ms;
+            until = *counted_from + pg->timeout_ms + WAIT_GRACE_MS;
+        }
+        if (braid__now_ms() >= until)
             return BRAID_ERR_TIMEOUT;
+        struct timespec ts;
+        wait_clock_at(until, &ts);
+        pthread_cond_timedwait(&pg->cv, &pg->mu, &ts);
     }
-    return BRAID_OK;
 }
 
 braid_status braid__work_submit(braid_pg *pg, const braid_coll *coll, braid_work **work_out)
@@ -161,6 +211,7 @@ braid_status braid__work_submit(braid_pg *pg, const braid_coll *coll, braid_work
     w->coll.seq = pg->next_seq;
     pg->next_seq += braid__coll_seqs(&c);
     w->pg = pg;
+    w->submit_ms = braid__now_ms();
     atomic_init(&w->refs, 2);
     atomic_init(&w->done, 0);
     if (pg->queue_tail)
@@ -202,14 +253,24 @@ BRAID_API braid_status braid_wait(braid_work *w, int timeout_ms)
     if (atomic_load(&w->done))
         return work_result(w);
     braid_pg *pg = w->pg;
-    if (timeout_ms < 0)
-        timeout_ms = pg->timeout_ms + 1000; /* the collective's own deadline fires first */
+    int64_t now = braid__now_ms(), counted_from = now;
+    /* An explicit timeout counts from this call; -1 is the collective's
+     * deadline (plus grace), fixed when it was issued. */
+    int64_t deadline = timeout_ms < 0 ? -1 : now + timeout_ms;
     pthread_mutex_lock(&pg->mu);
-    braid_status st = wait_locked(pg, w, timeout_ms);
+    braid_status st = wait_locked(pg, w, deadline, &counted_from);
     pthread_mutex_unlock(&pg->mu);
-    if (st != BRAID_OK)
-        return braid__error_quiet(st, "rank %d: braid_wait: collective #%llu not done after %d ms", pg->rank,
-                                  (unsigned long long)w->coll.seq, timeout_ms);
+    if (st != BRAID_OK) {
+        if (timeout_ms >= 0)
+            return braid__error_quiet(st, "rank %d: braid_wait: collective #%llu not done after %d ms", pg->rank,
+                                      (unsigned long long)w->coll.seq, timeout_ms);
+        return braid__error_quiet(st,
+                                  "rank %d: braid_wait: collective #%llu not done %lld ms after it was %s "
+                                  "(group timeout %d ms)",
+                                  pg->rank, (unsigned long long)w->coll.seq,
+                                  (long long)(braid__now_ms() - counted_from), w->start_ms ? "started" : "issued",
+                                  pg->timeout_ms);
+    }
     return work_result(w);
 }
 

@@ -3,8 +3,9 @@
  * a thread that runs its queue in order; events count records and
  * completions, and a wait or synchronize targets the latest record at the
  * time of the call, as CUDA's do. Also defines the kernel entry points of
- * braid_cuda.h (unsupported), so libbraid_internal's cuda_stub.o is never
- * pulled in next to the real cuda_device.c this test compiles. */
+ * braid_cuda.h (braid__cuda_reduce on the CPU engine, the others
+ * unsupported), so libbraid_internal's cuda_stub.o is never pulled in next
+ * to the real cuda_device.c this test compiles. */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -14,9 +15,10 @@
 
 #include "braid_cuda.h"
 #include "cuda_runtime_api.h"
+#include "reduce/reduce.h"
 #include "status.h"
 
-enum { OP_COPY, OP_RECORD, OP_WAIT, OP_HOSTFN };
+enum { OP_COPY, OP_RECORD, OP_WAIT, OP_HOSTFN, OP_KERNEL };
 
 typedef struct fake_op {
     int kind;
@@ -53,6 +55,13 @@ static struct fake_stream *streams;
 static struct fake_stream *legacy;
 static fake_alloc *allocs;
 static __thread unsigned rnd_state;
+/* Kernels launched by this process (cuda_fake_kernel_launches()). */
+static _Atomic unsigned long kernel_launches;
+
+unsigned long cuda_fake_kernel_launches(void)
+{
+    return kernel_launches;
+}
 
 static void jitter(void)
 {
@@ -90,7 +99,10 @@ static void *stream_main(void *arg)
                 pthread_cond_wait(&GC, &G);
             break;
         case OP_HOSTFN:
+        case OP_KERNEL:
             pthread_mutex_unlock(&G);
+            if (op->kind == OP_KERNEL)
+                jitter();
             op->fn(op->arg);
             pthread_mutex_lock(&G);
             break;
@@ -372,13 +384,51 @@ cudaError_t cudaEventQuery(cudaEvent_t e)
     return done ? cudaSuccess : cudaErrorNotReady;
 }
 
-/* ---- braid_cuda.h kernels: not faked ---- */
+/* ---- braid_cuda.h kernels ----
+ * braid__cuda_reduce runs on the stream's thread with the CPU engine,
+ * after a jittered delay like a copy, so the device ring's ordering of
+ * copies up, kernels and copies down is checked: a kernel that read its
+ * inputs before their copy finished would give wrong sums. One or two
+ * inputs only (what braid's collectives launch): with two the kernel's
+ * definition is exactly braid__reduce_final. The cast and premul variants
+ * are not faked. */
+typedef struct {
+    braid_dtype dtype;
+    braid_op op;
+    void *dst;
+    const void *a, *b;
+    size_t count;
+    int nranks;
+} fake_kernel;
+
+static void fake_kernel_run(void *arg)
+{
+    fake_kernel *k = arg;
+    if (k->b)
+        braid__reduce_final(k->dtype, k->op, k->dst, k->a, k->b, k->count, k->nranks);
+    else {
+        if (k->dst != k->a)
+            memmove(k->dst, k->a, k->count * braid_dtype_size(k->dtype));
+        braid__reduce_scale(k->dtype, k->op, k->dst, k->count, k->nranks);
+    }
+    free(k);
+}
 
 braid_status braid__cuda_reduce(braid_dtype dtype, braid_op op, void *dst, const void *const *srcs, int nsrcs,
                                 size_t count, int nranks, void *stream)
 {
-    (void)dtype, (void)op, (void)dst, (void)srcs, (void)nsrcs, (void)count, (void)nranks, (void)stream;
-    return braid__error(BRAID_ERR_UNSUPPORTED, "cuda fake: no kernels");
+    if (nsrcs < 1 || nsrcs > 2 || (op == BRAID_AVG && nranks <= 0))
+        return braid__error(BRAID_ERR_INVALID_ARG, "cuda fake: reduce with %d inputs, nranks %d", nsrcs, nranks);
+    if (count == 0)
+        return BRAID_OK;
+    fake_kernel *k = malloc(sizeof(*k));
+    if (!k)
+        return braid__error(BRAID_ERR_NO_MEMORY, "cuda fake: out of memory");
+    *k = (fake_kernel){.dtype = dtype, .op = op, .dst = dst, .a = srcs[0], .b = nsrcs == 2 ? srcs[1] : NULL,
+                       .count = count, .nranks = nranks};
+    kernel_launches++;
+    enqueue((cudaStream_t)stream, (fake_op){.kind = OP_KERNEL, .fn = fake_kernel_run, .arg = k});
+    return BRAID_OK;
 }
 
 braid_status braid__cuda_reduce_cast(braid_dtype dst_dtype, void *dst, braid_dtype src_dtype, braid_op op,

@@ -12,6 +12,8 @@
 #include "harness.h"
 #include "reduce/reduce.h"
 
+void (*harness_rank_setup)(int rank);
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -46,6 +48,8 @@ int harness_run_faulty(int n, harness_rank_fn fn, void *arg, const braid_config 
         pids[r] = fork();
         if (pids[r] == 0) {
             close(joined[0]);
+            if (harness_rank_setup)
+                harness_rank_setup(r);
             braid_pg *pg;
             braid_status st = braid_pg_init(&pg, r, n, &id, cfg);
             if (st != BRAID_OK) {

@@ -23,6 +23,10 @@ typedef struct {
 int harness_run(int n, harness_rank_fn fn, void *arg, const braid_config *cfg, int timeout_s,
                 harness_result *result);
 
+/* When set, called in every forked rank before braid_pg_init, e.g. to give
+ * ranks different environments (BRAID_HOST_ID per rank). */
+extern void (*harness_rank_setup)(int rank);
+
 /* Fault injection for harness_run_faulty: SIGKILL (or another signal)
  * rank `rank` after_ms after the ranks were started. */
 typedef struct {

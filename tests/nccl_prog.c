@@ -213,7 +213,7 @@ static int test_allreduce(ncclComm_t comm, int rank, int n)
                 int in_place = (int)(ci % 2);
                 void *out = in_place ? (void *)send : (void *)recv;
                 if (!reduction_supported(t, op)) {
-                    EXPECT_FAIL(ncclAllReduce(send, out, count, t, op, comm, NULL), ncclInvalidArgument,
+                    EXPECT_FAIL(ncclAllReduce(send, out, count, t, op, comm, NULL), ncclInvalidUsage,
                                 "not supported");
                 } else {
                     CHECK(ncclAllReduce(send, out, count, t, op, comm, NULL));
@@ -436,6 +436,122 @@ static int test_grouped_collectives(ncclComm_t comm, int rank, int n)
     return 0;
 }
 
+/* Group semantics: calls are recorded and run at the outermost
+ * ncclGroupEnd. Both sides post a large send before the matching receive
+ * (blocking sends would deadlock), collectives and point-to-point calls
+ * mix, and buffers are read at ncclGroupEnd, not when recorded. */
+static int test_group_semantics(ncclComm_t comm, int rank, int n)
+{
+    size_t count = (size_t)2 << 20; /* 16 MiB of int64 each way */
+    int peer = rank ^ 1;
+    if (peer < n) {
+        int64_t *out = xmalloc(count * 8), *in = xmalloc(count * 8);
+        for (size_t i = 0; i < count; i++) {
+            out[i] = rank * 1000000000LL + (long long)i;
+            in[i] = -1;
+        }
+        CHECK(ncclGroupStart());
+        CHECK(ncclSend(out, count, ncclInt64, peer, comm, NULL));
+        CHECK(ncclRecv(in, count, ncclInt64, peer, comm, NULL));
+        CHECK(ncclGroupEnd());
+        for (size_t i = 0; i < count; i++)
+            if (in[i] != peer * 1000000000LL + (long long)i)
+                FAIL("send-before-receive exchange element %zu is %lld", i, (long long)in[i]);
+        free(out);
+        free(in);
+    }
+
+    /* Send, all-reduce, receive, all-gather, broadcast in one group, with
+     * a large ring exchange split around the collectives (run in issue
+     * order, every rank would block in its send before the all-reduce). */
+    enum { C = 4099, RC = 1 << 20 };
+    int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+    int32_t *ring_out = xmalloc(RC * 4), *ring_in = xmalloc(RC * 4), *a = xmalloc(C * 4);
+    int32_t *g = xmalloc((size_t)n * C * 4), *bc = xmalloc(C * 4);
+    for (int i = 0; i < RC; i++)
+        ring_out[i] = rank * 10000000 + i;
+    for (int i = 0; i < C; i++) {
+        a[i] = -7; /* overwritten before ncclGroupEnd: the group must read the new values */
+        bc[i] = rank == n - 1 ? 3 * i : -1;
+    }
+    CHECK(ncclGroupStart());
+    CHECK(ncclSend(ring_out, RC, ncclInt32, next, comm, NULL));
+    CHECK(ncclAllReduce(a, a, C, ncclInt32, ncclSum, comm, NULL));
+    CHECK(ncclRecv(ring_in, RC, ncclInt32, prev, comm, NULL));
+    CHECK(ncclGroupStart());
+    CHECK(ncclAllGather(a + 0, g, C, ncclInt32, comm, NULL)); /* runs after the all-reduce: reads its result */
+    CHECK(ncclGroupEnd());
+    CHECK(ncclBroadcast(bc, bc, C, ncclInt32, n - 1, comm, NULL));
+    for (int i = 0; i < C; i++)
+        a[i] = rank + i;
+    CHECK(ncclGroupEnd());
+    for (int i = 0; i < RC; i++)
+        if (ring_in[i] != prev * 10000000 + i)
+            FAIL("grouped ring element %d is %d", i, ring_in[i]);
+    for (int i = 0; i < C; i++) {
+        int32_t sum = n * (n - 1) / 2 + n * i;
+        if (a[i] != sum)
+            FAIL("grouped all-reduce element %d is %d, want %d (read at ncclGroupEnd)", i, a[i], sum);
+        for (int r = 0; r < n; r++)
+            if (g[(size_t)r * C + i] != sum)
+                FAIL("grouped all-gather block %d element %d is %d", r, i, g[(size_t)r * C + i]);
+        if (bc[i] != 3 * i)
+            FAIL("grouped broadcast element %d is %d", i, bc[i]);
+    }
+    free(ring_out);
+    free(ring_in);
+    free(a);
+    free(g);
+    free(bc);
+
+    /* A PreMulSum input is scaled when the group runs, not when recorded. */
+    float two = 2.0f, f[64], fo[64];
+    ncclRedOp_t pm;
+    CHECK(ncclRedOpCreatePreMulSum(&pm, &two, ncclFloat32, ncclScalarHostImmediate, comm));
+    for (int i = 0; i < 64; i++)
+        f[i] = fo[i] = -1.0f;
+    CHECK(ncclGroupStart());
+    CHECK(ncclAllReduce(f, fo, 64, ncclFloat32, pm, comm, NULL));
+    for (int i = 0; i < 64; i++)
+        if (f[i] != -1.0f || fo[i] != -1.0f)
+            FAIL("a recorded PreMulSum touched its buffers before ncclGroupEnd");
+    for (int i = 0; i < 64; i++)
+        f[i] = (float)(rank + i);
+    CHECK(ncclGroupEnd());
+    for (int i = 0; i < 64; i++)
+        if (fo[i] != (float)(n * (n - 1) + 2 * n * i))
+            FAIL("grouped PreMulSum element %d is %g", i, fo[i]);
+    CHECK(ncclRedOpDestroy(pm, comm));
+
+    /* Destroy and abort inside an open group (NCCL: the group holds its
+     * communicators): destroy is refused while calls of the communicator
+     * are recorded, abort drops them; neither blocks. A communicator with
+     * nothing recorded is destroyed at once. */
+    ncclComm_t sub, idle;
+    CHECK(ncclCommSplit(comm, 0, rank, &sub, NULL));
+    CHECK(ncclCommSplit(comm, 0, rank, &idle, NULL));
+    int32_t x[8], y[8];
+    for (int i = 0; i < 8; i++)
+        x[i] = y[i] = rank;
+    /* Every rank is done joining `idle` before any destroys it. */
+    CHECK(ncclAllReduce(x, y, 1, ncclInt32, ncclSum, idle, NULL));
+    y[0] = rank;
+    CHECK(ncclGroupStart());
+    CHECK(ncclAllReduce(x, x, 8, ncclInt32, ncclSum, sub, NULL));
+    CHECK(ncclAllReduce(y, y, 8, ncclInt32, ncclSum, comm, NULL));
+    EXPECT_FAIL(ncclCommDestroy(sub), ncclInvalidUsage, "inside a group");
+    CHECK(ncclCommDestroy(idle));
+    CHECK(ncclCommAbort(sub));
+    CHECK(ncclGroupEnd());
+    for (int i = 0; i < 8; i++) {
+        if (x[i] != rank)
+            FAIL("a call dropped by ncclCommAbort ran: %d", x[i]);
+        if (y[i] != n * (n - 1) / 2)
+            FAIL("the group's other all-reduce element %d is %d", i, y[i]);
+    }
+    return 0;
+}
+
 static int test_split(ncclComm_t comm, int rank, int n)
 {
     ncclComm_t sub;
@@ -474,7 +590,16 @@ static int test_errors(ncclComm_t comm, int rank, int n)
     int32_t buf[16] = {0};
     EXPECT_FAIL(ncclAllReduce(buf, buf, 4, (ncclDataType_t)42, ncclSum, comm, NULL), ncclInvalidArgument,
                 "invalid datatype");
-    EXPECT_FAIL(ncclAllReduce(buf, buf, 4, ncclUint64, ncclMax, comm, NULL), ncclInvalidArgument, "unsigned");
+    /* A valid NCCL call braid cannot do: ncclInvalidUsage; bad values:
+     * ncclInvalidArgument, as in NCCL. */
+    EXPECT_FAIL(ncclAllReduce(buf, buf, 4, ncclUint64, ncclMax, comm, NULL), ncclInvalidUsage, "unsigned");
+    EXPECT_FAIL(ncclReduce(buf, buf, 4, ncclUint32, ncclMin, 0, comm, NULL), ncclInvalidUsage, "unsigned");
+    EXPECT_FAIL(ncclReduceScatter(buf, buf, 1, ncclUint32, ncclAvg, comm, NULL), ncclInvalidUsage, "unsigned");
+    EXPECT_FAIL(ncclAllReduce(buf, buf, 4, ncclInt32, (ncclRedOp_t)-1, comm, NULL), ncclInvalidArgument,
+                "neither built in");
+    EXPECT_FAIL(ncclAllGather(buf, buf, 1, ncclNumTypes, comm, NULL), ncclInvalidArgument, "invalid datatype");
+    EXPECT_FAIL(ncclAllReduce(NULL, buf, 4, ncclInt32, ncclSum, comm, NULL), ncclInvalidArgument, "NULL");
+    EXPECT_FAIL(ncclRecv(buf, 4, ncclInt32, -1, comm, NULL), ncclInvalidArgument, "peer");
     EXPECT_FAIL(ncclAllReduce(buf, buf, 4, ncclInt32, (ncclRedOp_t)77, comm, NULL), ncclInvalidArgument,
                 "neither built in");
     EXPECT_FAIL(ncclBroadcast(buf, buf, 4, ncclInt32, n, comm, NULL), ncclInvalidArgument, "root");
@@ -516,8 +641,7 @@ static int rank_main(int rank, int n, ncclUniqueId id)
     if (count != n || urank != rank)
         FAIL("count %d rank %d, want %d %d", count, urank, n, rank);
     void *mem;
-    CHECK(ncclMemAlloc(&mem, 12345));
-    memset(mem, 1, 12345);
+    CHECK(ncclMemAlloc(&mem, 12345)); /* device memory where CUDA has a device: not touched here */
     void *handle;
     CHECK(ncclCommRegister(comm, mem, 12345, &handle));
     CHECK(ncclCommDeregister(comm, handle));
@@ -525,7 +649,8 @@ static int rank_main(int rank, int n, ncclUniqueId id)
 
     if (test_allreduce(comm, rank, n) || test_reduce(comm, rank, n) || test_broadcast(comm, rank, n) ||
         test_allgather_reduce_scatter(comm, rank, n) || test_send_recv(comm, rank, n) ||
-        test_premulsum(comm, rank, n) || test_grouped_collectives(comm, rank, n) || test_split(comm, rank, n) ||
+        test_premulsum(comm, rank, n) || test_grouped_collectives(comm, rank, n) ||
+        test_group_semantics(comm, rank, n) || test_split(comm, rank, n) ||
         test_errors(comm, rank, n))
         return 1;
     CHECK(ncclCommFinalize(comm));

@@ -1,8 +1,11 @@
-/* Argument validation and status reporting of the public API. */
+/* Argument validation and status reporting of the public API, and the
+ * deadlines of braid_wait on a work handle that cannot complete. */
 #include <check.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "braid.h"
 #include "harness.h"
@@ -140,6 +143,88 @@ START_TEST(test_collective_args)
 }
 END_TEST
 
+/* ---- work handles: deadlines ---------------------------------------- */
+
+#define WAIT_GROUP_TIMEOUT_MS 1500
+/* Scheduling slack on a loaded 2-core box; braid_wait(-1) itself allows
+ * the collective 1000 ms of grace after its own deadline. */
+#define WAIT_SLACK_MS 700
+
+static double ms_since(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) * 1e3 + (double)(t.tv_nsec - t0->tv_nsec) / 1e6;
+}
+
+/* Rank 1 is alive but never joins the all-reduce, so rank 0's can never
+ * complete. Explicit waits time out after their own timeout, counted from
+ * each call; the default wait (-1) ends with BRAID_ERR_TIMEOUT within the
+ * group timeout of the collective's start, however many waits came before
+ * it (they must not re-arm its deadline). */
+static int never_joined_body(braid_pg *pg, void *arg)
+{
+    (void)arg;
+    int rank = braid_pg_rank(pg);
+    if (rank == 1) {
+        /* Keep the connection open until rank 0 has given up. */
+        struct timespec ts = {.tv_sec = (WAIT_GROUP_TIMEOUT_MS + 2 * WAIT_SLACK_MS + 1000) / 1000 + 1};
+        nanosleep(&ts, NULL);
+        return 0;
+    }
+    float buf[64] = {0};
+    braid_work *w;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    if (braid_allreduce(pg, buf, buf, 64, BRAID_F32, BRAID_SUM, NULL, &w) != BRAID_OK)
+        HARNESS_FAIL("rank 0: allreduce: %s", braid_last_error());
+    int done = -1;
+    if (braid_test(w, &done) != BRAID_OK || done)
+        HARNESS_FAIL("rank 0: braid_test says the lonely all-reduce is done (%d): %s", done, braid_last_error());
+    for (int i = 0; i < 2; i++) {
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        braid_status st = braid_wait(w, 300);
+        double ms = ms_since(&t1);
+        if (st != BRAID_ERR_TIMEOUT)
+            HARNESS_FAIL("rank 0: braid_wait(300) #%d gave %s '%s', want BRAID_ERR_TIMEOUT", i,
+                         braid_status_string(st), braid_last_error());
+        if (ms < 295 || ms > 300 + WAIT_SLACK_MS)
+            HARNESS_FAIL("rank 0: braid_wait(300) #%d returned after %.0f ms", i, ms);
+        if (!strstr(braid_last_error(), "not done after 300 ms"))
+            HARNESS_FAIL("rank 0: braid_wait(300) message '%s'", braid_last_error());
+    }
+    braid_status st = braid_wait(w, -1);
+    double total = ms_since(&t0);
+    fprintf(stderr, "never joined: braid_wait(-1) -> %s after %.0f ms in all: %s\n", braid_status_string(st), total,
+            braid_last_error());
+    if (st != BRAID_ERR_TIMEOUT)
+        HARNESS_FAIL("rank 0: braid_wait(-1) gave %s '%s', want BRAID_ERR_TIMEOUT", braid_status_string(st),
+                     braid_last_error());
+    if (total > WAIT_GROUP_TIMEOUT_MS + 1000 + WAIT_SLACK_MS)
+        HARNESS_FAIL("rank 0: braid_wait(-1) returned %.0f ms after the all-reduce was issued (group timeout %d ms)",
+                     total, WAIT_GROUP_TIMEOUT_MS);
+    if (total < WAIT_GROUP_TIMEOUT_MS - 50)
+        HARNESS_FAIL("rank 0: braid_wait(-1) gave up after %.0f ms, before the group timeout of %d ms", total,
+                     WAIT_GROUP_TIMEOUT_MS);
+    /* Done now: further waits return the same result at once. */
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (braid_wait(w, 0) != BRAID_ERR_TIMEOUT || braid_test(w, &done) != BRAID_ERR_TIMEOUT || !done ||
+        ms_since(&t1) > 100)
+        HARNESS_FAIL("rank 0: the finished handle does not report its timeout at once");
+    braid_work_free(w);
+    return 0;
+}
+
+START_TEST(test_wait_never_joined)
+{
+    braid_config cfg = BRAID_CONFIG_INIT;
+    cfg.timeout_ms = WAIT_GROUP_TIMEOUT_MS;
+    harness_result res;
+    int failed = harness_run(2, never_joined_body, NULL, &cfg, 30, &res);
+    ck_assert_msg(failed == 0, "%d ranks failed (exit codes %d %d)", failed, res.exit_code[0], res.exit_code[1]);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("api");
@@ -151,6 +236,10 @@ int main(void)
     tcase_add_test(tc, test_env_init_errors);
     tcase_add_test(tc, test_collective_args);
     suite_add_tcase(s, tc);
+    TCase *work = tcase_create("work");
+    tcase_set_timeout(work, 60);
+    tcase_add_test(work, test_wait_never_joined);
+    suite_add_tcase(s, work);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);

@@ -4,7 +4,8 @@
 # usage: test_bench.sh BRAID-BENCH [local|netns NETNS-BENCH]
 #   local  (default) forked local ranks: every dtype and op verified at 2, 3
 #          and 4 ranks (and with each algorithm), broadcast, the nccl-tests
-#          table format, csv append, plot, usage errors
+#          table format, csv append, plot, usage errors, -g 1 (device
+#          buffers on a GPU, a clear refusal elsewhere)
 #   netns  two ranks in network namespaces over a shaped link; exits 77
 #          (skipped) where network namespaces cannot be created
 set -uo pipefail
@@ -145,7 +146,19 @@ local_tests() {
   [ $rc = 2 ] || fail "unknown collective must exit 2 (got $rc)"
   "$bench" allreduce -b 1M -e 1K >/dev/null 2>"$tmp/e4"; rc=$?
   [ $rc = 2 ] || fail "minbytes > maxbytes must exit 2 (got $rc)"
+  "$bench" allreduce -g 2 >/dev/null 2>"$tmp/e5"; rc=$?
+  [ $rc = 2 ] && grep -q "invalid gpu count '2'" "$tmp/e5" || fail "-g 2 must exit 2 with a reason (got $rc)"
   "$bench" --help >/dev/null || fail "--help must exit 0"
+  # -g 1: device buffers where there is a GPU (verified), else exit 2 with
+  # the reason from every rank, never a crash.
+  timeout 300 "$bench" allreduce -N 2 -g 1 -b 1K -e 32M -f 8 -n 2 -w 1 -c 1 -d float -o sum \
+    >"$tmp/g.out" 2>"$tmp/g.err"; rc=$?
+  if [ $rc = 0 ]; then
+    check_table "$tmp/g.out" 6 1 "-g 1 on a GPU (32M: the device ring)"
+  else
+    [ $rc = 2 ] && [ "$(grep -c -- '-g 1 needs a CUDA device: ' "$tmp/g.err")" = 2 ] ||
+      fail "-g 1 without a GPU must exit 2 with a reason from each rank (got $rc: $(head -c 300 "$tmp/g.err"))"
+  fi
   ok
 }
 

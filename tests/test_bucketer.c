@@ -400,13 +400,14 @@ static int mixed_steps_body(braid_pg *pg, void *arg)
 
 /* ---- compression ---------------------------------------------------- */
 
-/* f32 gradients in [-1, 1] sent as f16/bf16. Bound, with u = 2^-p the
- * unit roundoff (p = 11 significand bits for f16, 8 for bf16): each of the
- * n inputs is rounded once to the wire type (error <= u), each of the n-1
- * partial sums (magnitude <= n) once more (<= n u), and the mean once at
- * the end (<= u); dividing the sum's error by n gives
- * |error of the mean| <= (n + 1) u. The f64 param must stay
- * exact: compression applies to f32 buckets only. */
+/* f32 gradients in [-1, 1] sent as f16/bf16. Each rank sends x / n
+ * (divided in f32, then rounded to the wire type) and the wire sums them.
+ * Bound, with u = 2^-p the unit roundoff (p = 11 significand bits for f16,
+ * 8 for bf16): each of the n inputs x / n is rounded once to the wire type
+ * (error <= u / n, plus 2^-24 relative from the f32 division), and each of
+ * the n-1 partial sums (magnitude <= 1) once more (<= u); so
+ * |error of the mean| <= n u (1 + 2^-12). The f64 param must stay exact:
+ * compression applies to f32 buckets only. */
 typedef struct {
     braid_dtype wire;
 } compress_arg;
@@ -428,7 +429,7 @@ static int compression_body(braid_pg *pg, void *varg)
     if (braid_bucketer_set_compression(m.b, arg->wire) != BRAID_OK)
         HARNESS_FAIL("rank %d: set_compression: %s", rank, braid_last_error());
     const int p_bits = arg->wire == BRAID_F16 ? 11 : 8;
-    const double tol = (n + 1) * ldexp(1.0, -p_bits);
+    const double tol = n * ldexp(1.0, -p_bits) * (1.0 + ldexp(1.0, -12));
     double max_err = 0;
     for (int step = 0; step < 2; step++) {
         uint32_t seed = 50u + (uint32_t)step;
@@ -490,6 +491,71 @@ static int compression_body(braid_pg *pg, void *varg)
     }
     if (rank == 0)
         fprintf(stderr, "compression wire=%d ranks=%d: max error %.3g (bound %.3g)\n", arg->wire, n, max_err, tol);
+    model_destroy(&m);
+    return 0;
+}
+
+/* Gradients near f16's top (max 65504): the average fits, the sum over
+ * ranks would not (4 ranks x 30000 = 120000; 2 ranks x 60000). Sent as
+ * x / n and summed, every partial sum stays within rounding of max |x|
+ * (64000 here; right at 65504 that rounding can still reach inf), so the
+ * result is finite and within the bound above scaled by 65504. */
+static float big_value(int rank, size_t i)
+{
+    static const float v[] = {30000.0f, 60000.0f, -60000.0f, 64000.0f, 1.0f};
+    return i % 7 == 6 ? (float)(rank + 1) * 1000.0f : v[(i + (size_t)(i % 3 == 0 ? rank : 0)) % 5];
+}
+
+static int compression_range_body(braid_pg *pg, void *varg)
+{
+    (void)varg;
+    int rank = braid_pg_rank(pg), n = braid_pg_size(pg);
+    static const pspec spec[] = {{BRAID_F32, 3001}, {BRAID_F32, 77}};
+    model m;
+    if (model_create(pg, &m, spec, 2, 1 << 20, 4096))
+        return 1;
+    if (braid_bucketer_set_compression(m.b, BRAID_F16) != BRAID_OK)
+        HARNESS_FAIL("rank %d: set_compression: %s", rank, braid_last_error());
+    for (int p = 0; p < 2; p++)
+        for (size_t i = 0; i < spec[p].count; i++)
+            ((float *)m.grads[p])[i] = big_value(rank, i);
+    for (int p = 1; p >= 0; p--)
+        if (braid_bucketer_ready(m.b, p) != BRAID_OK)
+            HARNESS_FAIL("rank %d: ready(%d): %s", rank, p, braid_last_error());
+    if (braid_bucketer_finish(m.b) != BRAID_OK)
+        HARNESS_FAIL("rank %d: finish: %s", rank, braid_last_error());
+    const double tol = 65504.0 * n * ldexp(1.0, -11) * (1.0 + ldexp(1.0, -12));
+    double max_err = 0;
+    int all_30000 = 0;
+    for (int p = 0; p < 2; p++)
+        for (size_t i = 0; i < spec[p].count; i++) {
+            double mean = 0;
+            int same = 1;
+            for (int r = 0; r < n; r++) {
+                mean += big_value(r, i);
+                same &= big_value(r, i) == 30000.0f;
+            }
+            mean /= n;
+            float got = ((float *)m.grads[p])[i];
+            if (!isfinite(got) || fabs((double)got - mean) > tol)
+                HARNESS_FAIL("rank %d of %d: param %d element %zu is %.8g, mean %.8g (bound %.3g): f16 overflowed or "
+                             "lost the value",
+                             rank, n, p, i, got, mean, tol);
+            if (same) {
+                all_30000++;
+                /* 30000 / n summed n times: exact for n = 1, 2, 4 and within
+                 * one f16 step (16 at this magnitude) otherwise. */
+                if (fabs((double)got - 30000.0) > 16.0)
+                    HARNESS_FAIL("rank %d of %d: %d x 30000 averaged to %.8g", rank, n, n, got);
+            }
+            max_err = fmax(max_err, fabs((double)got - mean));
+        }
+    if (all_30000 == 0)
+        HARNESS_FAIL("rank %d: the test data has no element that is 30000 on every rank", rank);
+    if (rank == 0)
+        fprintf(stderr, "compression range f16 ranks=%d: max error %.3g (bound %.3g), %d elements of 30000 on every "
+                        "rank\n",
+                n, max_err, tol, all_30000);
     model_destroy(&m);
     return 0;
 }
@@ -647,6 +713,73 @@ static int mismatch_body(braid_pg *pg, void *arg)
     return 0;
 }
 
+/* Layouts that form the same buckets (same count of elements and params
+ * per bucket) but whose elements mean different things on the two ranks:
+ * rank 1 registers the same params in another order, or trades sizes
+ * between two params keeping their total. A fingerprint of the buckets
+ * alone misses both; the check must name both layouts and the first param
+ * where they part. */
+typedef struct {
+    const pspec *other; /* rank 1's model; the rest use pspec_base */
+    const char *first_diff; /* expected "first difference at param ..." text on rank 0 */
+} layout_mismatch_arg;
+
+static const pspec pspec_base[] = {{BRAID_F32, 1000}, {BRAID_F32, 2000}, {BRAID_F32, 3000}};
+static const pspec pspec_swapped[] = {{BRAID_F32, 2000}, {BRAID_F32, 1000}, {BRAID_F32, 3000}};
+static const pspec pspec_resized[] = {{BRAID_F32, 1500}, {BRAID_F32, 1500}, {BRAID_F32, 3000}};
+
+static int layout_mismatch_body(braid_pg *pg, void *varg)
+{
+    const layout_mismatch_arg *arg = varg;
+    int rank = braid_pg_rank(pg);
+    model m;
+    /* One bucket holds all three (24000 bytes under both caps). */
+    if (model_create(pg, &m, rank == 1 ? arg->other : pspec_base, 3, 1 << 20, 1 << 20))
+        return 1;
+    fill_grads(&m, rank == 1 ? arg->other : pspec_base, rank, 5);
+    braid_status st = braid_bucketer_ready(m.b, 2);
+    const char *e = braid_last_error();
+    if (rank == 0)
+        fprintf(stderr, "layout mismatch: %s\n", e);
+    char peer[32];
+    snprintf(peer, sizeof(peer), "rank %d has", rank == 1 ? 0 : 1);
+    if (st != BRAID_ERR_MISMATCH || !contains(e, "different buckets") || !contains(e, "this rank has 3 params") ||
+        !contains(e, peer) || !contains(e, "6000 elements in 1 buckets") || !contains(e, "layout hash"))
+        HARNESS_FAIL("rank %d: ready with rank 1's params %s gave %s '%s', want BRAID_ERR_MISMATCH naming this rank's "
+                     "layout and %s's",
+                     rank, arg->first_diff, braid_status_string(st), e, peer);
+    if (rank == 0 && !contains(e, arg->first_diff))
+        HARNESS_FAIL("rank 0: mismatch message '%s' does not say '%s'", e, arg->first_diff);
+    if (braid_bucketer_finish(m.b) != BRAID_ERR_MISMATCH)
+        HARNESS_FAIL("rank %d: finish after a layout mismatch did not report it: '%s'", rank, braid_last_error());
+    model_destroy(&m);
+    return 0;
+}
+
+/* Ranks with identical models (here all three shapes, each on every rank)
+ * pass the check: the fingerprint is a function of the layout only. */
+static int layout_same_body(braid_pg *pg, void *arg)
+{
+    (void)arg;
+    int rank = braid_pg_rank(pg), n = braid_pg_size(pg);
+    const pspec *specs[] = {pspec_base, pspec_swapped, pspec_resized};
+    for (int k = 0; k < 3; k++) {
+        model m;
+        if (model_create(pg, &m, specs[k], 3, 1 << 20, 1 << 20))
+            return 1;
+        fill_grads(&m, specs[k], rank, 6u + (uint32_t)k);
+        for (int p = 2; p >= 0; p--)
+            if (braid_bucketer_ready(m.b, p) != BRAID_OK)
+                HARNESS_FAIL("rank %d: model %d ready(%d): %s", rank, k, p, braid_last_error());
+        if (braid_bucketer_finish(m.b) != BRAID_OK)
+            HARNESS_FAIL("rank %d: model %d finish: %s", rank, k, braid_last_error());
+        if (check_averaged(&m, specs[k], rank, n, 6u + (uint32_t)k, 0))
+            return 1;
+        model_destroy(&m);
+    }
+    return 0;
+}
+
 /* A collective failure inside a step comes out of finish() with the
  * bucket and the cause: here rank 1 leaves after the layout is formed, so
  * rank 0's all-reduces find the peer gone. */
@@ -748,6 +881,12 @@ START_TEST(test_compression_bf16)
 }
 END_TEST
 
+START_TEST(test_compression_range)
+{
+    run_or_fail(rank_counts[_i], compression_range_body, NULL);
+}
+END_TEST
+
 START_TEST(test_double_mark)
 {
     run_or_fail(rank_counts[_i], double_mark_body, NULL);
@@ -769,6 +908,26 @@ END_TEST
 START_TEST(test_mismatch)
 {
     run_or_fail(rank_counts[_i], mismatch_body, NULL);
+}
+END_TEST
+
+START_TEST(test_mismatch_order)
+{
+    layout_mismatch_arg a = {pspec_swapped, "first difference at param 0: 1000 x f32 on rank 0, 2000 x f32 on rank 1"};
+    run_or_fail(rank_counts[_i], layout_mismatch_body, &a);
+}
+END_TEST
+
+START_TEST(test_mismatch_sizes)
+{
+    layout_mismatch_arg a = {pspec_resized, "first difference at param 0: 1000 x f32 on rank 0, 1500 x f32 on rank 1"};
+    run_or_fail(rank_counts[_i], layout_mismatch_body, &a);
+}
+END_TEST
+
+START_TEST(test_layout_same)
+{
+    run_or_fail(rank_counts[_i], layout_same_body, NULL);
 }
 END_TEST
 
@@ -802,6 +961,7 @@ int main(void)
     tcase_add_loop_test(sync, test_mixed_steps, 0, nrc);
     tcase_add_loop_test(sync, test_compression_f16, 0, nrc);
     tcase_add_loop_test(sync, test_compression_bf16, 0, nrc);
+    tcase_add_loop_test(sync, test_compression_range, 0, nrc);
     suite_add_tcase(s, sync);
 
     TCase *errors = tcase_create("errors");
@@ -810,6 +970,9 @@ int main(void)
     tcase_add_loop_test(errors, test_unmarked, 0, nrc);
     tcase_add_test(errors, test_bad_args);
     tcase_add_loop_test(errors, test_mismatch, 1, nrc); /* from 2 ranks */
+    tcase_add_loop_test(errors, test_mismatch_order, 1, nrc);
+    tcase_add_loop_test(errors, test_mismatch_sizes, 1, nrc);
+    tcase_add_loop_test(errors, test_layout_same, 1, nrc);
     tcase_add_test(errors, test_peer_gone);
     tcase_add_loop_test(errors, test_aborted, 0, nrc);
     suite_add_tcase(s, errors);

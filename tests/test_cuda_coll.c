@@ -6,11 +6,13 @@
  * the comparison does not depend on how the staging splits the buffer.
  *
  * Covers: every dtype x op, odd counts, in place and out of place, one
- * staging piece and several (src/hmem.h), blocking calls, work handles
+ * staging piece and several (src/hmem.h; above one piece all-reduce runs
+ * as the device ring with kernels), a host rank in a device ring, blocking calls, work handles
  * with the caller's stream ordered both ways (an unsynchronized copy in
  * before the call, a copy out after it), the legacy default stream, and
- * device buffers inside a group (refused), and a call on an aborted group
- * (fails, and does not hold the caller's stream).
+ * device buffers inside a group (refused), a call on an aborted group
+ * (fails, and does not hold the caller's stream), the other collectives
+ * refusing device memory, and the bucketer on device gradients.
  *
  * Exits 77 (meson: skipped) with braid__cuda_unavailable_reason() when the
  * build has no CUDA or the machine no usable device. CUDA does not survive
@@ -28,6 +30,10 @@
 
 #ifdef BRAID_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#ifdef BRAID_CUDA_FAKE
+unsigned long cuda_fake_kernel_launches(void); /* tests/cuda_fake.c */
+#endif
 
 static const braid_dtype all_dtypes[] = {BRAID_F32, BRAID_F64, BRAID_F16, BRAID_BF16,
                                          BRAID_I8,  BRAID_U8,  BRAID_I32, BRAID_I64};
@@ -193,8 +199,18 @@ static int pieces_body(braid_pg *pg, void *arg)
     if (pick_device(braid_pg_rank(pg)))
         return 1;
     size_t f32_piece = BRAID_HMEM_PIECE_BYTES / 4;
+#ifdef BRAID_CUDA_FAKE
+    unsigned long launches = cuda_fake_kernel_launches();
+#endif
     if (check_allreduce(pg, BRAID_F32, BRAID_SUM, 5 * f32_piece + 13, 1, MODE_ASYNC, 101))
         return 1;
+#ifdef BRAID_CUDA_FAKE
+    /* Above one piece the reduction runs in kernels (the device ring):
+     * every rank reduces n - 1 chunks of each of its segments at least. */
+    if (cuda_fake_kernel_launches() - launches < (braid_pg_size(pg) > 1 ? (unsigned long)braid_pg_size(pg) - 1 : 1))
+        HARNESS_FAIL("rank %d: device allreduce above one piece launched %lu kernels", braid_pg_rank(pg),
+                     cuda_fake_kernel_launches() - launches);
+#endif
     if (check_allreduce(pg, BRAID_F32, BRAID_AVG, 3 * f32_piece + 1, 0, MODE_BLOCKING, 102))
         return 1;
     if (check_allreduce(pg, BRAID_BF16, BRAID_MAX, 4 * (f32_piece * 2), 0, MODE_LEGACY, 103))
@@ -204,6 +220,50 @@ static int pieces_body(braid_pg *pg, void *arg)
     if (check_broadcast(pg, 5 * (size_t)BRAID_HMEM_PIECE_BYTES + 3, braid_pg_size(pg) - 1, MODE_ASYNC, 105))
         return 1;
     return check_broadcast(pg, 3 * (size_t)BRAID_HMEM_PIECE_BYTES, 0, MODE_BLOCKING, 106);
+}
+
+/* Above one piece a device all-reduce is one ring collective, the host
+ * path's: a rank with host buffers can join the same call. Rank 0 uses
+ * host memory, the others device memory (in place and not). */
+static int mixed_body(braid_pg *pg, void *arg)
+{
+    (void)arg;
+    int rank = braid_pg_rank(pg), n = braid_pg_size(pg);
+    if (pick_device(rank))
+        return 1;
+    size_t count = 3 * (BRAID_HMEM_PIECE_BYTES / 4) + 5, bytes = count * 4;
+    float *host = malloc(bytes), *out = malloc(bytes);
+    if (!host || !out)
+        HARNESS_FAIL("rank %d: out of memory", rank);
+    for (size_t i = 0; i < count; i++)
+        host[i] = (float)harness_value(rank, i, 77, -100, 100);
+    if (rank == 0) {
+        if (braid_allreduce(pg, host, out, count, BRAID_F32, BRAID_SUM, NULL, NULL) != BRAID_OK)
+            HARNESS_FAIL("rank %d: host allreduce next to device ranks: %s", rank, braid_last_error());
+    } else {
+        void *ds = NULL, *dr = NULL;
+        CU(cudaMalloc(&ds, bytes));
+        dr = ds;
+        if (rank % 2 == 0)
+            CU(cudaMalloc(&dr, bytes));
+        CU(cudaMemcpy(ds, host, bytes, cudaMemcpyHostToDevice));
+        if (braid_allreduce(pg, ds, dr, count, BRAID_F32, BRAID_SUM, NULL, NULL) != BRAID_OK)
+            HARNESS_FAIL("rank %d: device allreduce next to a host rank: %s", rank, braid_last_error());
+        CU(cudaMemcpy(out, dr, bytes, cudaMemcpyDeviceToHost));
+        if (dr != ds)
+            CU(cudaFree(dr));
+        CU(cudaFree(ds));
+    }
+    for (size_t i = 0; i < count; i++) {
+        float want = 0;
+        for (int r = 0; r < n; r++)
+            want += (float)harness_value(r, i, 77, -100, 100);
+        if (out[i] != want)
+            HARNESS_FAIL("rank %d: mixed host/device allreduce element %zu is %g, want %g", rank, i, out[i], want);
+    }
+    free(host);
+    free(out);
+    return 0;
 }
 
 /* Several outstanding device calls on one stream, results in order. */
@@ -270,6 +330,102 @@ static int group_body(braid_pg *pg, void *arg)
     return check_allreduce(pg, BRAID_F32, BRAID_SUM, 100, 1, MODE_BLOCKING, 200);
 }
 
+/* Reduce, all-gather, reduce-scatter, send and receive take host memory
+ * only: device buffers are refused with UNSUPPORTED before anything runs
+ * (the CPU algorithms would otherwise read device pointers), and the
+ * group still works afterwards. */
+static int extras_body(braid_pg *pg, void *arg)
+{
+    (void)arg;
+    int rank = braid_pg_rank(pg), n = braid_pg_size(pg);
+    if (pick_device(rank))
+        return 1;
+    float *d = NULL, host[64];
+    CU(cudaMalloc((void **)&d, sizeof(float) * 64 * (size_t)n));
+    struct {
+        const char *what;
+        braid_status st;
+    } calls[] = {
+        {"reduce", braid_reduce(pg, d, d, 16, BRAID_F32, BRAID_SUM, 0, NULL, NULL)},
+        {"reduce to host", braid_reduce(pg, d, host, 16, BRAID_F32, BRAID_SUM, 0, NULL, NULL)},
+        {"allgather", braid_allgather(pg, host, d, 4, BRAID_F32, NULL, NULL)},
+        {"reduce_scatter", braid_reduce_scatter(pg, d, host, 4, BRAID_F32, BRAID_SUM, NULL, NULL)},
+        {"send", braid_send(pg, d, 4, BRAID_F32, (rank + 1) % n, NULL, NULL)},
+        {"recv", braid_recv(pg, d, 4, BRAID_F32, (rank + n - 1) % n, NULL, NULL)},
+    };
+    for (size_t i = 0; i < sizeof(calls) / sizeof(calls[0]); i++)
+        if (calls[i].st != BRAID_ERR_UNSUPPORTED)
+            HARNESS_FAIL("rank %d: %s on device memory returned %s, want BRAID_ERR_UNSUPPORTED", rank, calls[i].what,
+                         braid_status_string(calls[i].st));
+    CU(cudaFree(d));
+    return check_allreduce(pg, BRAID_I32, BRAID_SUM, 1000, 0, MODE_BLOCKING, 300);
+}
+
+/* The DDP bucketer with gradients in device memory (and one on the host):
+ * copied into the flat buffers and back with CUDA copies, averaged. Also
+ * with f16 compression, which casts through host memory. */
+static int bucketer_body(braid_pg *pg, void *arg)
+{
+    (void)arg;
+    int rank = braid_pg_rank(pg), n = braid_pg_size(pg);
+    if (pick_device(rank))
+        return 1;
+    enum { P = 4 };
+    static const size_t counts[P] = {1000, 7, 3000, 129};
+    for (int compress = 0; compress < 2; compress++) {
+        braid_bucketer *b = NULL;
+        void *grad[P];
+        float *host[P];
+        int id[P];
+        if (braid_bucketer_create(&b, pg, 8192, 1024) != BRAID_OK)
+            HARNESS_FAIL("rank %d: bucketer_create: %s", rank, braid_last_error());
+        if (compress && braid_bucketer_set_compression(b, BRAID_F16) != BRAID_OK)
+            HARNESS_FAIL("rank %d: set_compression: %s", rank, braid_last_error());
+        for (int k = 0; k < P; k++) {
+            host[k] = malloc(counts[k] * sizeof(float));
+            if (!host[k])
+                HARNESS_FAIL("rank %d: out of memory", rank);
+            for (size_t i = 0; i < counts[k]; i++)
+                host[k][i] = (float)(n * harness_value(rank, i, 400 + (uint32_t)k, -8, 8));
+            if (k == 1) {
+                grad[k] = host[k]; /* a host gradient among device ones */
+            } else {
+                CU(cudaMalloc(&grad[k], counts[k] * sizeof(float)));
+                CU(cudaMemcpy(grad[k], host[k], counts[k] * sizeof(float), cudaMemcpyHostToDevice));
+            }
+            if (braid_bucketer_add(b, grad[k], counts[k], BRAID_F32, &id[k]) != BRAID_OK)
+                HARNESS_FAIL("rank %d: bucketer_add: %s", rank, braid_last_error());
+        }
+        for (int k = P - 1; k >= 0; k--)
+            if (braid_bucketer_ready(b, id[k]) != BRAID_OK)
+                HARNESS_FAIL("rank %d: bucketer_ready(%d): %s", rank, k, braid_last_error());
+        if (braid_bucketer_finish(b) != BRAID_OK)
+            HARNESS_FAIL("rank %d: bucketer_finish: %s", rank, braid_last_error());
+        for (int k = 0; k < P; k++) {
+            float *out = host[k];
+            if (k != 1)
+                CU(cudaMemcpy(out, grad[k], counts[k] * sizeof(float), cudaMemcpyDeviceToHost));
+            for (size_t i = 0; i < counts[k]; i++) {
+                /* multiples of n: grad / n (the compressed wire's
+                 * pre-scaling) and the average are small integers, exact
+                 * in f32 and f16 however they are computed */
+                float sum = 0;
+                for (int r = 0; r < n; r++)
+                    sum += (float)(n * harness_value(r, i, 400 + (uint32_t)k, -8, 8));
+                float want = sum / (float)n;
+                if (out[i] != want)
+                    HARNESS_FAIL("rank %d: bucketer (%s) param %d element %zu is %g, want %g", rank,
+                                 compress ? "f16 wire" : "f32", k, i, out[i], want);
+            }
+            if (k != 1)
+                CU(cudaFree(grad[k]));
+            free(host[k]);
+        }
+        braid_bucketer_destroy(b);
+    }
+    return 0;
+}
+
 /* A device call on an aborted group fails without holding the stream. */
 static int abort_body(braid_pg *pg, void *arg)
 {
@@ -308,15 +464,23 @@ START_TEST(matrix_2) { run_ranks(2, matrix_body, 300); }
 END_TEST
 START_TEST(matrix_3) { run_ranks(3, matrix_body, 300); }
 END_TEST
+START_TEST(pieces_1) { run_ranks(1, pieces_body, 300); }
+END_TEST
 START_TEST(pieces_2) { run_ranks(2, pieces_body, 300); }
 END_TEST
 START_TEST(pieces_4) { run_ranks(4, pieces_body, 300); }
+END_TEST
+START_TEST(mixed_3) { run_ranks(3, mixed_body, 300); }
 END_TEST
 START_TEST(queue_3) { run_ranks(3, queue_body, 300); }
 END_TEST
 START_TEST(group_2) { run_ranks(2, group_body, 120); }
 END_TEST
 START_TEST(abort_2) { run_ranks(2, abort_body, 120); }
+END_TEST
+START_TEST(extras_3) { run_ranks(3, extras_body, 120); }
+END_TEST
+START_TEST(bucketer_3) { run_ranks(3, bucketer_body, 120); }
 END_TEST
 #endif /* BRAID_HAVE_CUDA */
 
@@ -362,16 +526,19 @@ int main(void)
     }
 #ifdef BRAID_HAVE_CUDA
     Suite *s = suite_create("cuda_coll");
-    TCase *tc = tcase_create("device");
-    tcase_set_timeout(tc, 600);
-    tcase_add_test(tc, matrix_2);
-    tcase_add_test(tc, matrix_3);
-    tcase_add_test(tc, pieces_2);
-    tcase_add_test(tc, pieces_4);
-    tcase_add_test(tc, queue_3);
-    tcase_add_test(tc, group_2);
-    tcase_add_test(tc, abort_2);
-    suite_add_tcase(s, tc);
+    /* One case per test, so CK_RUN_CASE=pieces_4 runs just that one. */
+    const struct {
+        const char *name;
+        const TTest *test;
+    } cases[] = {{"matrix_2", matrix_2}, {"matrix_3", matrix_3}, {"pieces_1", pieces_1}, {"pieces_2", pieces_2}, {"pieces_4", pieces_4},
+                 {"mixed_3", mixed_3},   {"queue_3", queue_3},   {"group_2", group_2},   {"abort_2", abort_2},
+                 {"extras_3", extras_3}, {"bucketer_3", bucketer_3}};
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_set_timeout(tc, 600);
+        tcase_add_test(tc, cases[i].test);
+        suite_add_tcase(s, tc);
+    }
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);

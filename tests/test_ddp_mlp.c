@@ -1,10 +1,18 @@
 /* End-to-end data-parallel training: runs examples/ddp_mlp on 1, 2 and 4
  * ranks and checks what DDP promises.
  *
+ * The reference is independent of braid: `ddp_mlp --reference` trains the
+ * same model on the same data in one process with no process group and no
+ * bucketer (whole global batch, plain SGD), so a bucketer bug that a
+ * one-rank run shares with an N-rank run cannot hide.
+ *
  *  - Every rank ends with bit-identical weights (they all apply the same
  *    averaged gradient, and the all-reduce hands every rank the same bits).
- *  - The N-rank run matches the single-process run on the full batch:
- *    max |w_N - w_1| <= 1e-5 * max(1, |w_1|). The two compute the same
+ *  - One rank through braid is bit-identical to the reference: the same
+ *    forward and backward on the same batch, and AVG over one rank is the
+ *    identity.
+ *  - The N-rank run matches the reference:
+ *    max |w_N - w_ref| <= 1e-5 * max(1, |w_ref|). The two compute the same
  *    mean gradient but add it up in a different order (per shard, then
  *    across ranks, versus one pass over the batch), so each step differs
  *    by a few float32 roundings (~1e-7 relative) that 20 SGD steps carry
@@ -17,7 +25,7 @@
  *  - Launched through torchrun-style variables the trainer gets the same
  *    weights as when it forks its own ranks.
  *  - With f16 wire compression the ranks still agree bit for bit, the loss
- *    falls, and the weights stay within 1e-2 of uncompressed training.
+ *    falls, and the weights stay within 1e-2 of the reference.
  *
  * The trainer binary comes from DDP_MLP (set by meson); without it the
  * test skips. */
@@ -51,6 +59,7 @@ static const char *const common_args[] = {
 typedef struct {
     double first_loss, final_loss;
     int buckets;
+    int reference; /* the RESULT line came from --reference */
 } run_result;
 
 static double now_s(void)
@@ -133,21 +142,25 @@ static void parse_result(const char *log, run_result *r)
         r->first_loss = strtod(fl + 11, NULL);
         r->final_loss = strtod(ll + 11, NULL);
         r->buckets = atoi(bk + 8);
+        r->reference = strstr(p, "reference=1") != NULL;
         found = 1;
     }
     fclose(f);
     ck_assert_msg(found, "no RESULT line in %s", log);
 }
 
-/* Run the trainer forking `ranks` local ranks; weights go to <tag>.<rank>. */
+/* Run the trainer forking `ranks` local ranks (0: --reference, no braid);
+ * weights go to <tag>.<rank>. */
 static void run_local(const char *tag, int ranks, const char *const *extra, run_result *r)
 {
     char nbuf[16], dump[512], log[512];
     snprintf(nbuf, sizeof(nbuf), "%d", ranks);
     snprintf(dump, sizeof(dump), "%s/%s", workdir, tag);
     snprintf(log, sizeof(log), "%s/%s.log", workdir, tag);
-    const char *args[32] = {"-N", nbuf, "--dump", dump};
+    const char *args[32] = {"--dump", dump, "-N", ranks > 0 ? nbuf : "1"};
     int n = 4;
+    if (ranks == 0)
+        args[n++] = "--reference";
     for (const char *const *a = extra; a && *a; a++)
         args[n++] = *a;
     args[n] = NULL;
@@ -209,36 +222,40 @@ static double max_rel_diff(const char *a_tag, const char *b_tag)
     return worst;
 }
 
-static run_result single;
+static run_result reference;
 
-/* The reference: one process, the whole batch. Each test runs in its own
- * forked process, so each computes it (it takes well under a second). */
-static void ensure_single(void)
+/* The reference: one process, the whole batch, no braid. Each test runs
+ * in its own forked process, so each computes it (well under a second). */
+static void ensure_reference(void)
 {
-    run_local("single", 1, NULL, &single);
+    run_local("reference", 0, NULL, &reference);
+    ck_assert_msg(reference.reference && reference.buckets == 0, "the --reference run did not report itself as one");
+    ck_assert_msg(reference.final_loss < 0.9 * reference.first_loss, "reference loss did not fall: %.4f -> %.4f",
+                  reference.first_loss, reference.final_loss);
 }
 
-static const int rank_counts[] = {2, 4};
+static const int rank_counts[] = {1, 2, 4};
 
-START_TEST(test_matches_single_process)
+START_TEST(test_matches_reference)
 {
-    ensure_single();
-    ck_assert_msg(single.final_loss < 0.9 * single.first_loss, "single-process loss did not fall: %.4f -> %.4f",
-                  single.first_loss, single.final_loss);
-    ck_assert_msg(single.buckets >= 3, "only %d buckets: the test wants several", single.buckets);
+    ensure_reference();
     int n = rank_counts[_i];
     char tag[32];
     snprintf(tag, sizeof(tag), "ddp%d", n);
     run_result r;
     run_local(tag, n, NULL, &r);
     check_ranks_identical(tag, n);
-    double d = max_rel_diff(tag, "single");
-    fprintf(stderr, "%d ranks: loss %.4f -> %.4f, max relative weight difference to 1 process %.3g\n", n, r.first_loss,
-            r.final_loss, d);
-    ck_assert_msg(d <= 1e-5, "%d ranks differ from the single-process run by %.3g > 1e-5", n, d);
+    double d = max_rel_diff(tag, "reference");
+    fprintf(stderr, "%d ranks: loss %.4f -> %.4f (reference %.4f -> %.4f), %d buckets, max relative weight "
+                    "difference to the reference %.3g\n",
+            n, r.first_loss, r.final_loss, reference.first_loss, reference.final_loss, r.buckets, d);
+    ck_assert_msg(!r.reference, "the %d-rank run took the reference path", n);
+    ck_assert_msg(r.buckets >= 3, "only %d buckets: the test wants several", r.buckets);
+    if (n == 1)
+        ck_assert_msg(d == 0.0, "1 rank through braid differs from the reference by %.3g (must be bit-identical)", d);
+    ck_assert_msg(d <= 1e-5, "%d ranks differ from the reference by %.3g > 1e-5", n, d);
     ck_assert_msg(r.final_loss < 0.9 * r.first_loss, "%d ranks: loss did not fall: %.4f -> %.4f", n, r.first_loss,
                   r.final_loss);
-    ck_assert_msg(r.buckets == single.buckets, "%d ranks formed %d buckets, 1 rank %d", n, r.buckets, single.buckets);
 }
 END_TEST
 
@@ -315,11 +332,11 @@ END_TEST
 START_TEST(test_f16_compression)
 {
     static const char *const f16[] = {"--compress", "f16", NULL};
-    ensure_single();
+    ensure_reference();
     run_result r;
     run_local("f16x2", 2, f16, &r);
     check_ranks_identical("f16x2", 2);
-    double d = max_rel_diff("f16x2", "single");
+    double d = max_rel_diff("f16x2", "reference");
     fprintf(stderr, "f16 wire, 2 ranks: loss %.4f -> %.4f, max relative weight difference %.3g\n", r.first_loss,
             r.final_loss, d);
     ck_assert_msg(r.final_loss < 0.9 * r.first_loss, "f16: loss did not fall: %.4f -> %.4f", r.first_loss,
@@ -357,7 +374,7 @@ int main(void)
     Suite *s = suite_create("ddp_mlp");
     TCase *tc = tcase_create("training");
     tcase_set_timeout(tc, 3 * RUN_TIMEOUT_S);
-    tcase_add_loop_test(tc, test_matches_single_process, 0, 2);
+    tcase_add_loop_test(tc, test_matches_reference, 0, 3);
     tcase_add_test(tc, test_no_overlap_same_weights);
     tcase_add_test(tc, test_launcher_env);
     tcase_add_test(tc, test_f16_compression);

@@ -1,175 +1,529 @@
-/* libnccl.so.2 inside a CUDA program: host buffers with real streams,
- * managed memory, a PreMulSum scalar in device memory, and device buffers,
- * which this build must refuse with a reason (never touch or corrupt).
- * Written against nccl.h plus the CUDA driver API, loaded with dlopen so
- * the test builds without a CUDA toolkit; exits 77 (skip) without a driver
- * or a device. Two ranks, forked before either touches CUDA. */
+/* libnccl.so.2 as a CUDA trainer uses it: every collective and send/recv
+ * on device buffers with a stream, results checked after
+ * cudaStreamSynchronize. Inputs are copied up and results copied back
+ * with cudaMemcpyAsync on the same stream, unsynchronized, right before
+ * and after each call: the call must see the copy queued before it, and
+ * the copy after it must see the result. Also groups on device buffers,
+ * a host call after device calls, PreMulSum, ncclMemAlloc and the
+ * reduction braid refuses.
+ *
+ * Built twice: against the CUDA runtime (nccl_gpu; skips with exit 77 and
+ * the reason where there is no device) and, where braid is built without
+ * CUDA, against tests/cuda_fake.c with the shim's sources compiled in
+ * (nccl_gpu_fake), so the device path runs on machines without a GPU.
+ * Ranks are forked processes, before any of them touches CUDA. */
+#include <cuda_runtime_api.h>
 #include <nccl.h>
 
-#include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
-typedef void *CUcontext;
+static int g_rank = -1;
 
-static struct {
-    CUresult (*init)(unsigned);
-    CUresult (*device_get_count)(int *);
-    CUresult (*device_get)(int *, int);
-    CUresult (*primary_ctx_retain)(CUcontext *, int);
-    CUresult (*ctx_set_current)(CUcontext);
-    CUresult (*stream_create)(cudaStream_t *, unsigned);
-    CUresult (*mem_alloc)(CUdeviceptr *, size_t);
-    CUresult (*mem_alloc_managed)(CUdeviceptr *, size_t, unsigned);
-    CUresult (*memcpy_htod)(CUdeviceptr, const void *, size_t);
-    CUresult (*mem_free)(CUdeviceptr);
-} cu;
-
-static const char *load_driver(void)
-{
-    static char why[256];
-    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
-    if (!h) {
-        snprintf(why, sizeof(why), "no CUDA driver: %s", dlerror());
-        return why;
-    }
-#define SYM(field, name)                                                                                               \
-    if (!(*(void **)&cu.field = dlsym(h, name))) {                                                                     \
-        snprintf(why, sizeof(why), "CUDA driver lacks %s", name);                                                      \
-        return why;                                                                                                    \
-    }
-    SYM(init, "cuInit");
-    SYM(device_get_count, "cuDeviceGetCount");
-    SYM(device_get, "cuDeviceGet");
-    SYM(primary_ctx_retain, "cuDevicePrimaryCtxRetain");
-    SYM(ctx_set_current, "cuCtxSetCurrent");
-    SYM(stream_create, "cuStreamCreate");
-    SYM(mem_alloc, "cuMemAlloc_v2");
-    SYM(mem_alloc_managed, "cuMemAllocManaged");
-    SYM(memcpy_htod, "cuMemcpyHtoD_v2");
-    SYM(mem_free, "cuMemFree_v2");
-#undef SYM
-    int n = 0;
-    if (cu.init(0) != 0 || cu.device_get_count(&n) != 0 || n == 0)
-        return "no CUDA device";
-    return NULL;
-}
+#define FAIL(...)                                                                                                      \
+    do {                                                                                                               \
+        fprintf(stderr, "rank %d: ", g_rank);                                                                          \
+        fprintf(stderr, __VA_ARGS__);                                                                                  \
+        fputc('\n', stderr);                                                                                           \
+        return 1;                                                                                                      \
+    } while (0)
 
 #define CU(call)                                                                                                       \
     do {                                                                                                               \
-        CUresult e_ = (call);                                                                                          \
-        if (e_ != 0) {                                                                                                 \
-            fprintf(stderr, "rank %d: %s failed: CUDA error %d\n", rank, #call, e_);                                   \
-            return 1;                                                                                                  \
-        }                                                                                                              \
+        cudaError_t e_ = (call);                                                                                       \
+        if (e_ != cudaSuccess)                                                                                         \
+            FAIL("%s:%d: %s failed: %s", __FILE__, __LINE__, #call, cudaGetErrorString(e_));                           \
     } while (0)
 
 #define NC(call)                                                                                                       \
     do {                                                                                                               \
         ncclResult_t r_ = (call);                                                                                      \
-        if (r_ != ncclSuccess) {                                                                                       \
-            fprintf(stderr, "rank %d: %s failed: %s: %s\n", rank, #call, ncclGetErrorString(r_),                       \
-                    ncclGetLastError(NULL));                                                                           \
-            return 1;                                                                                                  \
-        }                                                                                                              \
+        if (r_ != ncclSuccess)                                                                                         \
+            FAIL("%s:%d: %s failed: %s: %s", __FILE__, __LINE__, #call, ncclGetErrorString(r_),                        \
+                 ncclGetLastError(NULL));                                                                              \
     } while (0)
 
-enum { COUNT = 1 << 16 };
+enum { COUNT = (1 << 16) + 3 };
 
-static int check_sum(const float *buf, int n, const char *what, int rank)
+typedef struct {
+    int rank, n;
+    ncclComm_t comm;
+    cudaStream_t s;
+    int32_t *h;       /* host copy of a result, n * COUNT elements */
+    int32_t *up[6];   /* sources of uploads still in flight (async copies read them later) */
+    int nup;          /* next free up[]: reset once the stream is synchronized */
+    int32_t *d0, *d1; /* device, n * COUNT elements each */
+} ctx;
+
+static int32_t *upload_buffer(ctx *c)
 {
-    for (int i = 0; i < COUNT; i++)
-        if (buf[i] != (float)(n * (n - 1) / 2 + n * (i % 13))) {
-            fprintf(stderr, "rank %d: %s element %d is %g\n", rank, what, i, buf[i]);
+    if (c->nup == 6) {
+        cudaStreamSynchronize(c->s);
+        c->nup = 0;
+    }
+    return c->up[c->nup++];
+}
+
+static int32_t in_val(int rank, size_t i)
+{
+    return rank * 7 + (int32_t)(i % 101) - 50;
+}
+
+/* Fill d with the rank's input (elements [0, count)) by an async copy. */
+static int put(ctx *c, int32_t *d, size_t count, int rank_of)
+{
+    int32_t *u = upload_buffer(c);
+    for (size_t i = 0; i < count; i++)
+        u[i] = in_val(rank_of, i);
+    CU(cudaMemcpyAsync(d, u, count * 4, cudaMemcpyHostToDevice, c->s));
+    return 0;
+}
+
+/* Poison the output then copy back after the call; check after a sync. */
+static int fetch(ctx *c, const int32_t *d, size_t count)
+{
+    memset(c->h, 0x5A, count * 4);
+    CU(cudaMemcpyAsync(c->h, d, count * 4, cudaMemcpyDeviceToHost, c->s));
+    CU(cudaStreamSynchronize(c->s));
+    c->nup = 0;
+    return 0;
+}
+
+static int32_t sum_val(int n, size_t i)
+{
+    int32_t s = 0;
+    for (int r = 0; r < n; r++)
+        s += in_val(r, i);
+    return s;
+}
+
+static int test_allreduce(ctx *c)
+{
+    /* Out of place, sum. */
+    if (put(c, c->d0, COUNT, c->rank))
+        return 1;
+    NC(ncclAllReduce(c->d0, c->d1, COUNT, ncclInt32, ncclSum, c->comm, c->s));
+    if (fetch(c, c->d1, COUNT))
+        return 1;
+    for (size_t i = 0; i < COUNT; i++)
+        if (c->h[i] != sum_val(c->n, i))
+            FAIL("device all-reduce element %zu is %d, want %d", i, c->h[i], sum_val(c->n, i));
+    /* In place, max, float. */
+    float *hf = (float *)upload_buffer(c);
+    for (size_t i = 0; i < COUNT; i++)
+        hf[i] = (float)((int)(i % 13) * (c->rank + 1));
+    CU(cudaMemcpyAsync(c->d0, hf, COUNT * 4, cudaMemcpyHostToDevice, c->s));
+    hf = (float *)c->h;
+    NC(ncclAllReduce(c->d0, c->d0, COUNT, ncclFloat32, ncclMax, c->comm, c->s));
+    if (fetch(c, c->d0, COUNT))
+        return 1;
+    for (size_t i = 0; i < COUNT; i++)
+        if (hf[i] != (float)((int)(i % 13) * c->n))
+            FAIL("device in-place max element %zu is %g", i, hf[i]);
+    return 0;
+}
+
+/* Device d gets a pattern no result has. */
+static int poison(ctx *c, int32_t *d, size_t count)
+{
+    int32_t *u = upload_buffer(c);
+    for (size_t i = 0; i < count; i++)
+        u[i] = 0x5A5A5A5A;
+    CU(cudaMemcpyAsync(d, u, count * 4, cudaMemcpyHostToDevice, c->s));
+    return 0;
+}
+
+static int test_reduce_broadcast(ctx *c)
+{
+    int root = c->n - 1;
+    if (put(c, c->d0, COUNT, c->rank) || poison(c, c->d1, COUNT))
+        return 1;
+    NC(ncclReduce(c->d0, c->d1, COUNT, ncclInt32, ncclSum, root, c->comm, c->s));
+    if (fetch(c, c->d1, COUNT))
+        return 1;
+    for (size_t i = 0; i < COUNT; i++) {
+        int32_t want = c->rank == root ? sum_val(c->n, i) : 0x5A5A5A5A;
+        if (c->h[i] != want)
+            FAIL("device reduce element %zu is %d, want %d", i, c->h[i], want);
+    }
+    /* Broadcast out of place from rank 0, then in place from the last. */
+    if (put(c, c->d0, COUNT, c->rank) || poison(c, c->d1, COUNT))
+        return 1;
+    NC(ncclBroadcast(c->d0, c->d1, COUNT, ncclInt32, 0, c->comm, c->s));
+    if (fetch(c, c->d1, COUNT))
+        return 1;
+    for (size_t i = 0; i < COUNT; i++)
+        if (c->h[i] != in_val(0, i))
+            FAIL("device broadcast element %zu is %d", i, c->h[i]);
+    if (put(c, c->d0, COUNT, c->rank))
+        return 1;
+    NC(ncclBcast(c->d0, COUNT, ncclInt32, root, c->comm, c->s));
+    if (fetch(c, c->d0, COUNT))
+        return 1;
+    for (size_t i = 0; i < COUNT; i++)
+        if (c->h[i] != in_val(root, i))
+            FAIL("device in-place broadcast element %zu is %d", i, c->h[i]);
+    return 0;
+}
+
+static int test_gather_scatter(ctx *c)
+{
+    size_t n = (size_t)c->n;
+    /* All-gather, out of place and in place (own block of the output). */
+    if (put(c, c->d0, COUNT, c->rank) || poison(c, c->d1, n * COUNT))
+        return 1;
+    NC(ncclAllGather(c->d0, c->d1, COUNT, ncclInt32, c->comm, c->s));
+    if (fetch(c, c->d1, n * COUNT))
+        return 1;
+    for (size_t r = 0; r < n; r++)
+        for (size_t i = 0; i < COUNT; i++)
+            if (c->h[r * COUNT + i] != in_val((int)r, i))
+                FAIL("device all-gather block %zu element %zu is %d", r, i, c->h[r * COUNT + i]);
+    int32_t *own = c->d1 + (size_t)c->rank * COUNT;
+    if (poison(c, c->d1, n * COUNT) || put(c, own, COUNT, c->rank))
+        return 1;
+    NC(ncclAllGather(own, c->d1, COUNT, ncclInt32, c->comm, c->s));
+    if (fetch(c, c->d1, n * COUNT))
+        return 1;
+    for (size_t r = 0; r < n; r++)
+        for (size_t i = 0; i < COUNT; i++)
+            if (c->h[r * COUNT + i] != in_val((int)r, i))
+                FAIL("device in-place all-gather block %zu element %zu is %d", r, i, c->h[r * COUNT + i]);
+
+    /* Reduce-scatter: the input is n blocks; block b of rank r holds
+     * in_val(r + b, i). Out of place, then in place. */
+    for (int pass = 0; pass < 2; pass++) {
+        int32_t *u = upload_buffer(c);
+        for (size_t b = 0; b < n; b++)
+            for (size_t i = 0; i < COUNT; i++)
+                u[b * COUNT + i] = in_val(c->rank + (int)b, i);
+        CU(cudaMemcpyAsync(c->d0, u, n * COUNT * 4, cudaMemcpyHostToDevice, c->s));
+        int32_t *out = pass ? c->d0 + (size_t)c->rank * COUNT : c->d1;
+        NC(ncclReduceScatter(c->d0, out, COUNT, ncclInt32, ncclSum, c->comm, c->s));
+        if (fetch(c, out, COUNT))
             return 1;
+        for (size_t i = 0; i < COUNT; i++) {
+            int32_t want = 0;
+            for (int r = 0; r < c->n; r++)
+                want += in_val(r + c->rank, i);
+            if (c->h[i] != want)
+                FAIL("device reduce-scatter (%s) element %zu is %d, want %d", pass ? "in place" : "out of place", i,
+                     c->h[i], want);
         }
+    }
+    return 0;
+}
+
+/* Send and receive on device buffers: a ring in both directions in one
+ * group, sends posted before the receives. */
+static int test_send_recv(ctx *c)
+{
+    int next = (c->rank + 1) % c->n, prev = (c->rank + c->n - 1) % c->n;
+    int32_t *to_next = c->d0, *to_prev = c->d0 + COUNT, *from_prev = c->d1, *from_next = c->d1 + COUNT;
+    if (put(c, to_next, COUNT, c->rank) || put(c, to_prev, COUNT, c->rank + 1000) ||
+        poison(c, from_prev, COUNT) || poison(c, from_next, COUNT))
+        return 1;
+    NC(ncclGroupStart());
+    NC(ncclSend(to_next, COUNT, ncclInt32, next, c->comm, c->s));
+    NC(ncclSend(to_prev, COUNT, ncclInt32, prev, c->comm, c->s));
+    NC(ncclRecv(from_prev, COUNT, ncclInt32, prev, c->comm, c->s));
+    NC(ncclRecv(from_next, COUNT, ncclInt32, next, c->comm, c->s));
+    NC(ncclGroupEnd());
+    if (fetch(c, c->d1, 2 * COUNT))
+        return 1;
+    for (size_t i = 0; i < COUNT; i++)
+        if (c->h[i] != in_val(prev, i) || c->h[COUNT + i] != in_val(next + 1000, i))
+            FAIL("device ring exchange element %zu: %d %d", i, c->h[i], c->h[COUNT + i]);
+    /* Outside a group, to a neighbour in rank order (0 sends first). */
+    if (c->n == 2) {
+        if (c->rank == 0) {
+            if (put(c, c->d0, COUNT, 0))
+                return 1;
+            NC(ncclSend(c->d0, COUNT, ncclInt32, 1, c->comm, c->s));
+        } else {
+            if (poison(c, c->d1, COUNT))
+                return 1;
+            NC(ncclRecv(c->d1, COUNT, ncclInt32, 0, c->comm, c->s));
+            if (fetch(c, c->d1, COUNT))
+                return 1;
+            for (size_t i = 0; i < COUNT; i++)
+                if (c->h[i] != in_val(0, i))
+                    FAIL("device send/recv element %zu is %d", i, c->h[i]);
+        }
+        CU(cudaStreamSynchronize(c->s));
+    }
+    return 0;
+}
+
+/* Collectives on two streams in one group, a host call after device
+ * calls (it must see them), PreMulSum, ncclMemAlloc, a refused op. */
+static int test_mixed(ctx *c)
+{
+    cudaStream_t s2;
+    CU(cudaStreamCreate(&s2));
+    int32_t *g = c->d1;
+    if (put(c, c->d0, COUNT, c->rank) || poison(c, g, (size_t)c->n * COUNT))
+        return 1;
+    CU(cudaStreamSynchronize(c->s));
+    NC(ncclGroupStart());
+    NC(ncclAllReduce(c->d0, c->d0, COUNT, ncclInt32, ncclSum, c->comm, c->s));
+    NC(ncclAllGather(c->d0, g, COUNT, ncclInt32, c->comm, s2)); /* after the all-reduce, in the group's order */
+    NC(ncclGroupEnd());
+    CU(cudaStreamSynchronize(s2));
+    if (fetch(c, g, (size_t)c->n * COUNT))
+        return 1;
+    for (int r = 0; r < c->n; r++)
+        for (size_t i = 0; i < COUNT; i++)
+            if (c->h[(size_t)r * COUNT + i] != sum_val(c->n, i))
+                FAIL("grouped device all-gather block %d element %zu is %d", r, i, c->h[(size_t)r * COUNT + i]);
+    CU(cudaStreamDestroy(s2));
+
+    /* Device all-reduce, then a host all-reduce with a NULL stream: the
+     * host call runs after it (braid sees the calls in issue order). */
+    if (put(c, c->d0, COUNT, c->rank))
+        return 1;
+    NC(ncclAllReduce(c->d0, c->d0, COUNT, ncclInt32, ncclSum, c->comm, c->s));
+    int32_t host[16];
+    for (int i = 0; i < 16; i++)
+        host[i] = c->rank;
+    NC(ncclAllReduce(host, host, 16, ncclInt32, ncclSum, c->comm, NULL));
+    for (int i = 0; i < 16; i++)
+        if (host[i] != c->n * (c->n - 1) / 2)
+            FAIL("host all-reduce after a device one: element %d is %d", i, host[i]);
+    if (fetch(c, c->d0, COUNT))
+        return 1;
+    for (size_t i = 0; i < COUNT; i++)
+        if (c->h[i] != sum_val(c->n, i))
+            FAIL("device all-reduce before a host one: element %zu is %d", i, c->h[i]);
+
+    /* Host buffers on a stream: the call waits for the work queued on it
+     * (here a copy into the host buffer) before reading them. */
+    int32_t *hb = upload_buffer(c);
+    if (put(c, c->d0, COUNT, c->rank))
+        return 1;
+    NC(ncclAllReduce(c->d0, c->d0, COUNT, ncclInt32, ncclSum, c->comm, c->s));
+    CU(cudaMemcpyAsync(hb, c->d0, COUNT * 4, cudaMemcpyDeviceToHost, c->s));
+    NC(ncclAllReduce(hb, hb, COUNT, ncclInt32, ncclSum, c->comm, c->s));
+    for (size_t i = 0; i < COUNT; i++)
+        if (hb[i] != c->n * sum_val(c->n, i))
+            FAIL("host all-reduce on a stream: element %zu is %d, want %d", i, hb[i], c->n * sum_val(c->n, i));
+    CU(cudaStreamSynchronize(c->s));
+    c->nup = 0;
+
+    /* PreMulSum with a device scalar, on device buffers. */
+    int32_t *dk;
+    int32_t three = 3;
+    CU(cudaMalloc((void **)&dk, sizeof(three)));
+    CU(cudaMemcpy(dk, &three, sizeof(three), cudaMemcpyHostToDevice));
+    ncclRedOp_t pm;
+    NC(ncclRedOpCreatePreMulSum(&pm, dk, ncclInt32, ncclScalarDevice, c->comm));
+    if (put(c, c->d0, COUNT, c->rank))
+        return 1;
+    NC(ncclAllReduce(c->d0, c->d1, COUNT, ncclInt32, pm, c->comm, c->s));
+    if (fetch(c, c->d1, COUNT))
+        return 1;
+    for (size_t i = 0; i < COUNT; i++)
+        if (c->h[i] != 3 * sum_val(c->n, i))
+            FAIL("device PreMulSum element %zu is %d", i, c->h[i]);
+    NC(ncclRedOpDestroy(pm, c->comm));
+    CU(cudaFree(dk));
+
+    /* ncclMemAlloc: device memory, usable as a buffer. */
+    void *mem;
+    NC(ncclMemAlloc(&mem, COUNT * 4));
+    struct cudaPointerAttributes attr;
+    CU(cudaPointerGetAttributes(&attr, mem));
+    if (attr.type != cudaMemoryTypeDevice)
+        FAIL("ncclMemAlloc returned memory of type %d, not device memory", (int)attr.type);
+    if (put(c, mem, COUNT, c->rank))
+        return 1;
+    NC(ncclAllReduce(mem, mem, COUNT, ncclInt32, ncclSum, c->comm, c->s));
+    if (fetch(c, mem, COUNT))
+        return 1;
+    for (size_t i = 0; i < COUNT; i++)
+        if (c->h[i] != sum_val(c->n, i))
+            FAIL("all-reduce on ncclMemAlloc memory: element %zu is %d", i, c->h[i]);
+    NC(ncclMemFree(mem));
+
+    /* What braid cannot do is refused at the call, on device buffers too. */
+    ncclResult_t r = ncclAllReduce(c->d0, c->d0, COUNT, ncclUint32, ncclMax, c->comm, c->s);
+    if (r != ncclInvalidUsage || !strstr(ncclGetLastError(NULL), "unsigned"))
+        FAIL("unsigned max on device buffers gave %s: %s", ncclGetErrorString(r), ncclGetLastError(NULL));
+    ncclResult_t async;
+    NC(ncclCommGetAsyncError(c->comm, &async));
+    if (async != ncclSuccess)
+        FAIL("async error %s: %s", ncclGetErrorString(async), ncclGetLastError(NULL));
     return 0;
 }
 
 static int rank_main(int rank, int n, ncclUniqueId id)
 {
-    const char *why = load_driver();
-    if (why) {
-        fprintf(stderr, "rank %d: %s\n", rank, why);
+    g_rank = rank;
+    int ndev = 0;
+    CU(cudaGetDeviceCount(&ndev));
+    CU(cudaSetDevice(rank % ndev));
+    ctx c = {.rank = rank, .n = n};
+    CU(cudaStreamCreate(&c.s));
+    c.h = malloc((size_t)n * COUNT * 4);
+    for (int i = 0; i < 6; i++)
+        if (!(c.up[i] = malloc((size_t)n * COUNT * 4)))
+            c.h = NULL;
+    if (!c.h)
+        FAIL("out of host memory");
+    CU(cudaMalloc((void **)&c.d0, (size_t)n * COUNT * 4));
+    CU(cudaMalloc((void **)&c.d1, (size_t)n * COUNT * 4));
+    NC(ncclCommInitRank(&c.comm, n, id, rank));
+    if (test_allreduce(&c) || test_reduce_broadcast(&c) || test_gather_scatter(&c) || test_send_recv(&c) ||
+        test_mixed(&c))
         return 1;
-    }
-    int dev;
-    CUcontext ctx;
-    cudaStream_t stream;
-    CU(cu.device_get(&dev, 0));
-    CU(cu.primary_ctx_retain(&ctx, dev));
-    CU(cu.ctx_set_current(ctx));
-    CU(cu.stream_create(&stream, 0));
+    NC(ncclCommFinalize(c.comm));
+    NC(ncclCommDestroy(c.comm));
+    CU(cudaStreamSynchronize(c.s));
+    CU(cudaStreamDestroy(c.s));
+    CU(cudaFree(c.d0));
+    CU(cudaFree(c.d1));
+    for (int i = 0; i < 6; i++)
+        free(c.up[i]);
+    free(c.h);
+    return 0;
+}
 
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* Failures after the call returned. Rank 0 enqueues a device receive that
+ * never matches: (1) its peer exits, so the operation fails on the worker:
+ * the stream is still released and ncclCommGetAsyncError reports it;
+ * (2) the peer stays, and ncclCommAbort ends the operation promptly and
+ * releases the stream. */
+static int fault_main(int rank, int n, ncclUniqueId id, int peer_exits)
+{
+    g_rank = rank;
+    CU(cudaSetDevice(0));
+    cudaStream_t s;
+    CU(cudaStreamCreate(&s));
+    int32_t *d;
+    CU(cudaMalloc((void **)&d, COUNT * 4));
     ncclComm_t comm;
     NC(ncclCommInitRank(&comm, n, id, rank));
-    int cudev;
-    NC(ncclCommCuDevice(comm, &cudev));
-    if (cudev != 0) {
-        fprintf(stderr, "rank %d: ncclCommCuDevice = %d, want 0\n", rank, cudev);
-        return 1;
+    int32_t one = 1, sum = 0;
+    NC(ncclAllReduce(&one, &sum, 1, ncclInt32, ncclSum, comm, NULL)); /* everyone connected */
+    if (rank != 0) {
+        if (peer_exits)
+            _exit(0); /* dies with rank 0's receive pending */
+        struct timespec s2 = {2, 0};
+        nanosleep(&s2, NULL); /* never sends */
+        NC(ncclCommDestroy(comm));
+        return 0;
     }
-
-    /* Host buffers on a real stream. */
-    float *host = malloc(COUNT * sizeof(float));
-    for (int i = 0; i < COUNT; i++)
-        host[i] = (float)(rank + i % 13);
-    NC(ncclAllReduce(host, host, COUNT, ncclFloat, ncclSum, comm, stream));
-    if (check_sum(host, n, "host buffer on a stream", rank))
-        return 1;
-
-    /* Managed memory is host-visible: it works. */
-    CUdeviceptr managed;
-    CU(cu.mem_alloc_managed(&managed, COUNT * sizeof(float), 1 /* CU_MEM_ATTACH_GLOBAL */));
-    float *m = (float *)(uintptr_t)managed;
-    for (int i = 0; i < COUNT; i++)
-        m[i] = (float)(rank + i % 13);
-    NC(ncclAllReduce(m, m, COUNT, ncclFloat, ncclSum, comm, stream));
-    if (check_sum(m, n, "managed buffer", rank))
-        return 1;
-
-    /* A PreMulSum scalar in device memory is read with the driver. */
-    CUdeviceptr dscalar;
-    float two = 2.0f;
-    CU(cu.mem_alloc(&dscalar, sizeof(float)));
-    CU(cu.memcpy_htod(dscalar, &two, sizeof(two)));
-    ncclRedOp_t premul;
-    NC(ncclRedOpCreatePreMulSum(&premul, (void *)(uintptr_t)dscalar, ncclFloat, ncclScalarDevice, comm));
-    for (int i = 0; i < COUNT; i++)
-        host[i] = (float)(rank + i % 13) / 2.0f;
-    NC(ncclAllReduce(host, host, COUNT, ncclFloat, premul, comm, NULL));
-    if (check_sum(host, n, "PreMulSum with a device scalar", rank))
-        return 1;
-    NC(ncclRedOpDestroy(premul, comm));
-
-    /* Device buffers: refused with a reason, on every rank alike, and the
-     * communicator stays usable. */
-    CUdeviceptr dbuf;
-    CU(cu.mem_alloc(&dbuf, COUNT * sizeof(float)));
-    ncclResult_t r =
-        ncclAllReduce((void *)(uintptr_t)dbuf, (void *)(uintptr_t)dbuf, COUNT, ncclFloat, ncclSum, comm, stream);
-    if (r != ncclInvalidUsage || !strstr(ncclGetLastError(NULL), "device memory")) {
-        fprintf(stderr, "rank %d: device buffer gave %s: %s\n", rank, ncclGetErrorString(r), ncclGetLastError(NULL));
-        return 1;
+    double t0 = now();
+    NC(ncclRecv(d, COUNT, ncclInt32, 1, comm, s));
+    if (now() - t0 > 1.0)
+        FAIL("a device receive blocked the caller for %.1f s", now() - t0);
+    if (peer_exits) {
+        CU(cudaStreamSynchronize(s));
+        ncclResult_t async = ncclSuccess;
+        NC(ncclCommGetAsyncError(comm, &async));
+        if (async == ncclSuccess)
+            FAIL("the failed device receive left no asynchronous error");
+        if (!strstr(ncclGetLastError(NULL), "ncclRecv"))
+            FAIL("asynchronous error text \"%s\" does not name the call", ncclGetLastError(NULL));
+        if (ncclCommFinalize(comm) == ncclSuccess)
+            FAIL("ncclCommFinalize hid the asynchronous error");
+        NC(ncclCommAbort(comm));
+    } else {
+        struct timespec ms200 = {0, 200 * 1000 * 1000};
+        nanosleep(&ms200, NULL);
+        NC(ncclCommAbort(comm));
+        CU(cudaStreamSynchronize(s));
     }
-    for (int i = 0; i < COUNT; i++)
-        host[i] = (float)(rank + i % 13);
-    NC(ncclAllReduce(host, host, COUNT, ncclFloat, ncclSum, comm, NULL));
-    if (check_sum(host, n, "host buffer after the refusal", rank))
-        return 1;
-
-    cu.mem_free(dbuf);
-    cu.mem_free(dscalar);
-    cu.mem_free(managed);
-    free(host);
-    NC(ncclCommDestroy(comm));
+    if (now() - t0 > 10.0)
+        FAIL("the failed device receive took %.1f s to release its stream", now() - t0);
+    CU(cudaStreamDestroy(s));
+    CU(cudaFree(d));
     return 0;
+}
+
+/* ncclCommInitAll: three ranks in one process, driven from one thread with
+ * a group, each on its own stream and device buffers (one device worker
+ * per communicator, running concurrently). */
+static int init_all_main(void)
+{
+    g_rank = 0;
+    enum { ND = 3 };
+    ncclComm_t comms[ND];
+    cudaStream_t s[ND];
+    int32_t *d[ND], *h[ND];
+    NC(ncclCommInitAll(comms, ND, NULL));
+    CU(cudaSetDevice(0));
+    for (int k = 0; k < ND; k++) {
+        CU(cudaStreamCreate(&s[k]));
+        CU(cudaMalloc((void **)&d[k], COUNT * 4));
+        if (!(h[k] = malloc(COUNT * 4)))
+            FAIL("out of host memory");
+        for (size_t i = 0; i < COUNT; i++)
+            h[k][i] = in_val(k, i);
+        CU(cudaMemcpyAsync(d[k], h[k], COUNT * 4, cudaMemcpyHostToDevice, s[k]));
+    }
+    NC(ncclGroupStart());
+    for (int k = 0; k < ND; k++)
+        NC(ncclAllReduce(d[k], d[k], COUNT, ncclInt32, ncclSum, comms[k], s[k]));
+    NC(ncclGroupEnd());
+    for (int k = 0; k < ND; k++) {
+        CU(cudaStreamSynchronize(s[k])); /* the upload has run: h[k] is free again */
+        CU(cudaMemcpyAsync(h[k], d[k], COUNT * 4, cudaMemcpyDeviceToHost, s[k]));
+        CU(cudaStreamSynchronize(s[k]));
+        for (size_t i = 0; i < COUNT; i++)
+            if (h[k][i] != sum_val(ND, i))
+                FAIL("ncclCommInitAll device all-reduce comm %d element %zu is %d", k, i, h[k][i]);
+    }
+    for (int k = 0; k < ND; k++) {
+        NC(ncclCommDestroy(comms[k]));
+        CU(cudaStreamDestroy(s[k]));
+        CU(cudaFree(d[k]));
+        free(h[k]);
+    }
+    return 0;
+}
+
+static int run_job(int n, int fault)
+{
+    ncclUniqueId id;
+    if (ncclGetUniqueId(&id) != ncclSuccess) {
+        fprintf(stderr, "ncclGetUniqueId: %s\n", ncclGetLastError(NULL));
+        return 1;
+    }
+    pid_t pids[8];
+    for (int r = 0; r < n; r++) {
+        fflush(NULL);
+        if ((pids[r] = fork()) == 0) {
+            int rc = fault < 0 ? rank_main(r, n, id) : fault_main(r, n, id, fault);
+            fflush(NULL);
+            _exit(rc);
+        }
+    }
+    int failed = 0;
+    for (int r = 0; r < n; r++) {
+        int status;
+        waitpid(pids[r], &status, 0);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            fprintf(stderr, "%d ranks: rank %d failed (status %d)\n", n, r, status);
+            failed = 1;
+        }
+    }
+    printf("%d ranks%s: %s\n", n,
+           fault < 0 ? "" : fault ? ", peer exits during a device receive" : ", abort during a device receive",
+           failed ? "FAILED" : "ok");
+    return failed;
 }
 
 int main(void)
@@ -178,9 +532,11 @@ int main(void)
     fflush(NULL);
     pid_t probe = fork();
     if (probe == 0) {
-        const char *why = load_driver();
-        if (why) {
-            printf("skipping: %s\n", why);
+        int ndev = 0;
+        cudaError_t e = cudaGetDeviceCount(&ndev);
+        if (e != cudaSuccess || ndev == 0) {
+            printf("skipping: no CUDA device: %s\n", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+            fflush(NULL);
             _exit(77);
         }
         _exit(0);
@@ -189,24 +545,20 @@ int main(void)
     waitpid(probe, &status, 0);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
         return WIFEXITED(status) && WEXITSTATUS(status) == 77 ? 77 : 1;
-
-    enum { N = 2 };
-    ncclUniqueId id;
-    if (ncclGetUniqueId(&id) != ncclSuccess) {
-        fprintf(stderr, "ncclGetUniqueId: %s\n", ncclGetLastError(NULL));
-        return 1;
-    }
-    pid_t pids[N];
-    for (int r = 0; r < N; r++) {
+    int failed = run_job(2, -1);
+    failed |= run_job(3, -1);
+    failed |= run_job(2, 1);
+    failed |= run_job(2, 0);
+    fflush(NULL);
+    pid_t p = fork();
+    if (p == 0) {
+        int rc = init_all_main();
         fflush(NULL);
-        if ((pids[r] = fork()) == 0)
-            _exit(rank_main(r, N, id));
+        _exit(rc);
     }
-    int failed = 0;
-    for (int r = 0; r < N; r++) {
-        waitpid(pids[r], &status, 0);
-        failed |= !WIFEXITED(status) || WEXITSTATUS(status) != 0;
-    }
-    puts(failed ? "FAILED" : "ok");
+    waitpid(p, &status, 0);
+    int f = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+    printf("ncclCommInitAll(3) on device buffers from one thread: %s\n", f ? "FAILED" : "ok");
+    failed |= f;
     return failed;
 }

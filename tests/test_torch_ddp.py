@@ -2,10 +2,11 @@
 """PyTorch DDP with braid's comm hook against DDP's own gloo all-reduce.
 
 Two ranks (subprocesses on loopback) train the same small MLP on the same
-data shards five times: with braid.torch_hook.allreduce_hook, with its
-asynchronous twin allreduce_hook_async, with the default gloo all-reduce,
-and with f16-compressed buckets through braid and through torch's own
-fp16_compress_hook. Checks:
+data shards six times: with braid.torch_hook.allreduce_hook (asynchronous:
+it returns a pending Future), with its blocking twin
+allreduce_hook_blocking, with the default gloo all-reduce, with
+f16-compressed buckets through braid (asynchronous and blocking) and
+through torch's own fp16_compress_hook. Checks:
 
 - within every run both ranks end with bit-identical parameters;
 - braid (both hooks) vs gloo (f32): max |difference| <= 1e-6. With two ranks each
@@ -13,9 +14,14 @@ fp16_compress_hook. Checks:
   halving), so the runs should agree to the bit; the tolerance only allows
   for gloo halving before summing (a/2 + b/2 has the same single rounding
   except near underflow);
-- braid f16 vs torch f16: both round each gradient to f16, so they may
-  differ by an f16 rounding of the gradient (2^-11 relative) per step,
-  scaled by lr; bound 1e-3 absolute after 8 steps of lr 0.1;
+- braid f16 (both hooks) vs torch f16: braid divides by 2 in f32 and then
+  rounds to f16, torch rounds to f16 and then divides by 2: the same value
+  but for f16 subnormals, so they may differ by an f16 rounding of a
+  gradient (2^-11 relative) per step, scaled by lr; bound 1e-3 absolute
+  after 8 steps of lr 0.1;
+- the asynchronous hooks return Futures that are still pending for at
+  least one bucket (the all-reduce runs on while autograd goes on), the
+  blocking ones only completed Futures;
 - the loss falls, and the braid hook ran once per bucket per step;
 - the braid f16 run differs from the braid f32 run (compression applied);
 - the ctypes binding itself: allreduce/broadcast of numpy arrays and torch
@@ -132,6 +138,7 @@ def worker(mode, rank, port, out):
     ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.5)
 
     calls = [0]
+    pending = [0]  # hook returned a Future not yet done
     if mode.startswith("braid"):
         import braid
         import braid.torch_hook
@@ -139,12 +146,17 @@ def worker(mode, rank, port, out):
         pg = braid.ProcessGroup(timeout_ms=120000)
         assert (pg.rank, pg.size) == (rank, WORLD), "braid rank/size %s vs torch %s" % ((pg.rank, pg.size), (rank, WORLD))
         check_binding(braid, pg, torch)
-        inner = {"braid": braid.torch_hook.allreduce_hook, "braid_async": braid.torch_hook.allreduce_hook_async,
-                 "braid_fp16": braid.torch_hook.fp16_compress_hook}[mode]
+        inner = {"braid": braid.torch_hook.allreduce_hook,
+                 "braid_blocking": braid.torch_hook.allreduce_hook_blocking,
+                 "braid_fp16": braid.torch_hook.fp16_compress_hook,
+                 "braid_fp16_blocking": braid.torch_hook.fp16_compress_hook_blocking}[mode]
 
         def hook(state, bucket):
             calls[0] += 1
-            return inner(state, bucket)
+            fut = inner(state, bucket)
+            if not fut.done():
+                pending[0] += 1
+            return fut
 
         ddp.register_comm_hook(pg, hook)
     elif mode == "gloo_fp16":
@@ -168,8 +180,8 @@ def worker(mode, rank, port, out):
         full = loss.detach().clone()
         dist.all_reduce(full)
         losses.append(float(full) / WORLD)
-    torch.save({"params": [p.detach().clone() for p in model.parameters()], "losses": losses, "hook_calls": calls[0]},
-               out)
+    torch.save({"params": [p.detach().clone() for p in model.parameters()], "losses": losses, "hook_calls": calls[0],
+                "hook_pending": pending[0]}, out)
     dist.destroy_process_group()
     return 0
 
@@ -224,29 +236,40 @@ def main():
 
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for mode in ("braid", "braid_async", "gloo", "braid_fp16", "gloo_fp16"):
+        for mode in ("braid", "braid_blocking", "gloo", "braid_fp16", "braid_fp16_blocking", "gloo_fp16"):
             results[mode] = run_mode(mode, tmp)
 
     ok = True
     for mode, ranks in results.items():
         d = max_diff(ranks[0]["params"], ranks[1]["params"])
         losses = ranks[0]["losses"]
-        print("%-10s loss %.4f -> %.4f, rank 0 vs rank 1 max |diff| %.3g, hook calls %d" %
-              (mode, losses[0], losses[-1], d, ranks[0]["hook_calls"]))
+        print("%-19s loss %.4f -> %.4f, rank 0 vs rank 1 max |diff| %.3g, hook calls %d (%d returned pending)" %
+              (mode, losses[0], losses[-1], d, ranks[0]["hook_calls"], ranks[0]["hook_pending"]))
         if d != 0.0:
             print("FAIL: %s: ranks ended with different parameters" % mode)
             ok = False
         if not losses[-1] < losses[0]:
             print("FAIL: %s: loss did not fall" % mode)
             ok = False
-    for mode in ("braid", "braid_async", "braid_fp16"):
+    for mode in ("braid", "braid_blocking", "braid_fp16", "braid_fp16_blocking"):
         calls = results[mode][0]["hook_calls"]
         # DDP calls the hook once per bucket per step (it may regroup the
         # buckets after the first step); at least two buckets here.
         if calls < 2 * STEPS:
             print("FAIL: %s: hook ran %d times in %d steps" % (mode, calls, STEPS))
             ok = False
-    for a, b, tol in (("braid", "gloo", 1e-6), ("braid_async", "gloo", 1e-6), ("braid_fp16", "gloo_fp16", 1e-3)):
+        blocking = mode.endswith("_blocking")
+        for r in range(WORLD):
+            n = results[mode][r]["hook_pending"]
+            # Asynchronous: a 0.5 MiB all-reduce between two processes takes
+            # far longer than returning from the hook, so some Future (most,
+            # in practice) is still pending when DDP gets it.
+            if (n > 0) == blocking:
+                print("FAIL: %s rank %d: %d of %d hook Futures were pending on return (want %s)" %
+                      (mode, r, n, results[mode][r]["hook_calls"], "none" if blocking else "some"))
+                ok = False
+    for a, b, tol in (("braid", "gloo", 1e-6), ("braid_blocking", "gloo", 1e-6), ("braid_fp16", "gloo_fp16", 1e-3),
+                      ("braid_fp16_blocking", "gloo_fp16", 1e-3)):
         d = max_diff(results[a][0]["params"], results[b][0]["params"])
         print("%s vs %s: max |diff| %.3g (tolerance %g)" % (a, b, d, tol))
         if d > tol:

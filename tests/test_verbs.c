@@ -9,7 +9,10 @@
  * Both drive the ops table with two ranks (sizes around the slot size,
  * ping-pong, zero copy from registered memory, a mismatch, a peer that
  * closes) and 2-4 ranks through braid_pg_init with the verbs transport
- * (all-reduce and broadcast, exact results). With hardware, ranks are
+ * (all-reduce and broadcast, exact results). The fake build also checks
+ * the group's agreement on verbs (a rank whose port is DOWN, a low
+ * RLIMIT_MEMLOCK: every rank falls back to TCP, one log line says why) and
+ * a queue pair that cannot reach RTR. With hardware, ranks are
  * processes and a peer also dies; with the fake, ranks are threads of one
  * process (an RDMA write there is a memcpy) and failures are injected. */
 #include <check.h>
@@ -35,6 +38,10 @@
 #endif
 #ifdef BRAID_VERBS_FAKE
 #include <infiniband/verbs.h>
+
+#include <linux/capability.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 
 #include "verbs_fake.h"
 #endif
@@ -610,6 +617,31 @@ static int side_error(int rank, braid_conn *c, void *arg)
     return 0;
 }
 
+/* Rank 0's queue pair cannot reach RTR: it fails with the peer and the
+ * status, and tells rank 1, which fails too instead of waiting. */
+static int side_rtr_fail(int rank, braid_conn *c, void *arg)
+{
+    (void)arg;
+    if (rank == 0)
+        verbs_fake_thread_fail_rtr(ETIMEDOUT);
+    braid_status st = sync_pair(c, rank);
+    const char *e = braid_last_error();
+    if (rank == 0 && (st == BRAID_OK || !strstr(e, "peer 1: queue pair to RTR") || !strstr(e, strerror(ETIMEDOUT))))
+        FAIL("rank 0: expected the RTR failure, got %s: %s", braid_status_string(st), e);
+    if (rank == 1 && (st != BRAID_ERR_PEER || !strstr(e, "peer 0 could not connect its verbs queue pair")))
+        FAIL("rank 1: expected the peer's set-up failure, got %s: %s", braid_status_string(st), e);
+    return 0;
+}
+
+START_TEST(fake_rtr_failure)
+{
+    int rc0, rc1;
+    run_pair(side_rtr_fail, NULL, &rc0, &rc1);
+    ck_assert_int_eq(rc0, 0);
+    ck_assert_int_eq(rc1, 0);
+}
+END_TEST
+
 START_TEST(fake_error_completion)
 {
     int rc0, rc1;
@@ -633,11 +665,19 @@ typedef struct {
     int rc;
 } rank_thread;
 
+/* The rank whose thread sees the fake port DOWN (-1: none), and each
+ * rank's init error text. */
+static int down_rank = -1;
+static char init_error[8][512];
+
 static void *rank_main(void *p)
 {
     rank_thread *r = p;
     braid_pg *pg;
+    verbs_fake_thread_port_down(r->rank == down_rank);
+    init_error[r->rank][0] = '\0';
     if (braid_pg_init(&pg, r->rank, r->n, r->id, r->cfg) != BRAID_OK) {
+        snprintf(init_error[r->rank], sizeof(init_error[r->rank]), "%s", braid_last_error());
         fprintf(stderr, "rank %d: init failed: %s\n", r->rank, braid_last_error());
         r->rc = 10;
         return NULL;
@@ -687,12 +727,21 @@ static int rank_uses_verbs(braid_pg *pg)
     return pg->transport && strcmp(pg->transport->name, "verbs") == 0;
 }
 
+static int allreduce_exact(braid_pg *pg, const coll_case *cc);
+
 static int rank_allreduce(braid_pg *pg, void *arg)
 {
     const coll_case *cc = arg;
-    int rank = braid_pg_rank(pg), n = braid_pg_size(pg);
+    int rank = braid_pg_rank(pg);
     if (!rank_uses_verbs(pg))
         HARNESS_FAIL("rank %d: transport is %s, not verbs", rank, pg->transport ? pg->transport->name : "none");
+    return allreduce_exact(pg, cc);
+}
+
+/* An all-reduce whose every element must come out exact. */
+static int allreduce_exact(braid_pg *pg, const coll_case *cc)
+{
+    int rank = braid_pg_rank(pg), n = braid_pg_size(pg);
     size_t es = braid_dtype_size(cc->dtype);
     void *buf = malloc(cc->count * es + 1);
     if (!buf)
@@ -783,6 +832,158 @@ START_TEST(pg_auto_selects_verbs)
 }
 END_TEST
 
+#ifdef BRAID_VERBS_FAKE
+/* ---- group agreement on verbs (docs/TRANSPORTS.md) ------------------------ */
+
+typedef struct {
+    coll_case cc;
+    const char *transport; /* every rank's group transport must be this */
+} agree_case;
+
+static int rank_agree(braid_pg *pg, void *arg)
+{
+    const agree_case *ac = arg;
+    const char *got = pg->transport ? pg->transport->name : "none";
+    if (strcmp(got, ac->transport) != 0)
+        HARNESS_FAIL("rank %d: transport is %s, expected %s", braid_pg_rank(pg), got, ac->transport);
+    return allreduce_exact(pg, &ac->cc);
+}
+
+/* Log INFO lines of this (forked) test process into a fresh file; the
+ * level is read at the first log line, which comes after this. */
+static char log_path[128];
+
+static void log_to_file(void)
+{
+    snprintf(log_path, sizeof(log_path), "/tmp/braid-test-verbs-%d.log", (int)getpid());
+    unlink(log_path);
+    setenv("BRAID_DEBUG", "INFO", 1);
+    setenv("BRAID_DEBUG_FILE", log_path, 1);
+}
+
+/* Lines of the log containing needle; the first one into line. */
+static int log_lines(const char *needle, char *line, size_t cap)
+{
+    FILE *f = fopen(log_path, "r");
+    char buf[2048];
+    int n = 0;
+    if (line)
+        line[0] = '\0';
+    if (!f)
+        return 0;
+    while (fgets(buf, sizeof(buf), f)) {
+        if (!strstr(buf, needle))
+            continue;
+        if (n++ == 0 && line)
+            snprintf(line, cap, "%s", buf);
+    }
+    fclose(f);
+    return n;
+}
+
+/* Every rank's probe passes: verbs is the group's transport on every rank,
+ * automatically or from a list, and nothing is logged as disabled. */
+START_TEST(agree_all_ok)
+{
+    log_to_file();
+    unsetenv("BRAID_TRANSPORT");
+    down_rank = -1;
+    agree_case ac = {.cc = {.count = 65537, .dtype = BRAID_F32, .op = BRAID_SUM, .seed = 21}, .transport = "verbs"};
+    braid_config cfg = verbs_cfg();
+    cfg.transports = "verbs,tcp";
+    ck_assert_int_eq(run_group(3, rank_agree, &ac, &cfg), 0);
+    cfg.transports = NULL;
+    ck_assert_int_eq(run_group(3, rank_agree, &ac, &cfg), 0);
+    ck_assert_int_eq(log_lines("disabled:", NULL, 0), 0);
+    unlink(log_path);
+}
+END_TEST
+
+/* One rank's port is DOWN: every rank falls back to TCP, results stay
+ * exact, and exactly one line says which rank and why. Forced alone, verbs
+ * fails every rank's init with that reason. */
+START_TEST(agree_one_rank_down)
+{
+    int n = 3 + _i, bad = _i ? 3 : 1; /* 3 ranks with rank 1 down, 4 with rank 3 */
+    char want_line[128], line[2048];
+    log_to_file();
+    unsetenv("BRAID_TRANSPORT");
+    down_rank = bad;
+    agree_case ac = {.cc = {.count = (1 << 20) + 3, .dtype = BRAID_F32, .op = BRAID_SUM, .seed = 5},
+                     .transport = "tcp"};
+    braid_config cfg = verbs_cfg();
+    cfg.transports = "verbs,tcp";
+    ck_assert_int_eq(run_group(n, rank_agree, &ac, &cfg), 0);
+    snprintf(want_line, sizeof(want_line), "verbs disabled: rank %d: port 1 of fake0 is DOWN; using tcp", bad);
+    ck_assert_msg(log_lines("disabled:", line, sizeof(line)) == 1 && strstr(line, want_line),
+                  "expected one line with '%s', got %d, first '%s'", want_line, log_lines("disabled:", NULL, 0), line);
+    ck_assert_int_eq(log_lines("unusable", NULL, 0), 0); /* no per-rank lines besides */
+
+    /* automatic selection: TCP as the group transport (same-host pairs
+     * take shm, as without verbs) */
+    cfg.transports = NULL;
+    ac.cc.dtype = BRAID_I32;
+    ac.cc.op = BRAID_MAX;
+    ck_assert_int_eq(run_group(n, rank_agree, &ac, &cfg), 0);
+    ck_assert_int_eq(log_lines("disabled:", NULL, 0), 2);
+
+    /* forced: no rank starts, each says who and why */
+    cfg.transports = "verbs";
+    ck_assert_int_eq(run_group(n, rank_agree, &ac, &cfg), n);
+    snprintf(want_line, sizeof(want_line), "rank %d: port 1 of fake0 is DOWN", bad);
+    for (int r = 0; r < n; r++)
+        ck_assert_msg(strstr(init_error[r], want_line) && strstr(init_error[r], "'verbs'"), "rank %d: %s", r,
+                      init_error[r]);
+    down_rank = -1;
+    unlink(log_path);
+}
+END_TEST
+
+/* Drop CAP_IPC_LOCK from this thread (and the threads it creates next), so
+ * RLIMIT_MEMLOCK applies even to root. */
+static void drop_ipc_lock(void)
+{
+    struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+    struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3];
+    ck_assert_int_eq(syscall(SYS_capget, &hdr, data), 0);
+    data[CAP_IPC_LOCK / 32].effective &= ~(1u << (CAP_IPC_LOCK % 32));
+    ck_assert_int_eq(syscall(SYS_capset, &hdr, data), 0);
+}
+
+/* A memlock limit below one connection's rings: the probe refuses with the
+ * limit and the need, and the group falls back to TCP. */
+START_TEST(agree_memlock)
+{
+    char line[2048];
+    log_to_file();
+    unsetenv("BRAID_TRANSPORT");
+    down_rank = -1;
+    drop_ipc_lock();
+    struct rlimit rl;
+    ck_assert_int_eq(getrlimit(RLIMIT_MEMLOCK, &rl), 0);
+    rl.rlim_cur = 64 * 1024;
+    ck_assert_int_eq(setrlimit(RLIMIT_MEMLOCK, &rl), 0);
+    expect_probe(BRAID_ERR_UNSUPPORTED, "RLIMIT_MEMLOCK is 64 KiB, need 8192 KiB per connection");
+    expect_probe(BRAID_ERR_UNSUPPORTED, "raise ulimit -l");
+    agree_case ac = {.cc = {.count = 4099, .dtype = BRAID_F64, .op = BRAID_SUM, .seed = 8}, .transport = "tcp"};
+    braid_config cfg = verbs_cfg();
+    cfg.transports = "verbs,tcp";
+    ck_assert_int_eq(run_group(2, rank_agree, &ac, &cfg), 0);
+    ck_assert_msg(log_lines("disabled:", line, sizeof(line)) == 1 &&
+                      strstr(line, "verbs disabled: rank 0: RLIMIT_MEMLOCK is 64 KiB") &&
+                      strstr(line, "(and 1 more rank); using tcp"),
+                  "log line: '%s'", line);
+    /* smaller rings fit: 2 x 4 slots x 4 KiB = 32 KiB */
+    setenv("BRAID_IB_SLOTS", "4", 1);
+    setenv("BRAID_IB_SLOT_BYTES", "4096", 1);
+    expect_probe(BRAID_OK, NULL);
+    unsetenv("BRAID_IB_SLOTS");
+    unsetenv("BRAID_IB_SLOT_BYTES");
+    unlink(log_path);
+}
+END_TEST
+#endif
+
 static Suite *verbs_suite(void)
 {
     Suite *s = suite_create("verbs");
@@ -792,6 +993,7 @@ static Suite *verbs_suite(void)
 #ifdef BRAID_VERBS_FAKE
     tcase_add_test(pair, fake_probe_reasons);
     tcase_add_test(pair, fake_error_completion);
+    tcase_add_test(pair, fake_rtr_failure);
 #endif
     tcase_add_test(pair, pair_sizes_both_ways);
     tcase_add_test(pair, pair_pingpong);
@@ -808,6 +1010,11 @@ static Suite *verbs_suite(void)
     tcase_add_loop_test(pg, pg_allreduce, 0, 3);
     tcase_add_loop_test(pg, pg_broadcast, 0, 3);
     tcase_add_test(pg, pg_auto_selects_verbs);
+#ifdef BRAID_VERBS_FAKE
+    tcase_add_test(pg, agree_all_ok);
+    tcase_add_loop_test(pg, agree_one_rank_down, 0, 2);
+    tcase_add_test(pg, agree_memlock);
+#endif
     tcase_set_timeout(pg, 600);
     suite_add_tcase(s, pg);
     return s;

@@ -240,6 +240,13 @@ static int fake_ib(void)
     return l && !strcmp(l, "IB");
 }
 
+static _Thread_local int thread_port_down;
+
+void verbs_fake_thread_port_down(int down)
+{
+    thread_port_down = down;
+}
+
 int ibv_query_port(struct ibv_context *context, uint8_t port_num, struct _compat_ibv_port_attr *compat)
 {
     (void)context;
@@ -248,7 +255,7 @@ int ibv_query_port(struct ibv_context *context, uint8_t port_num, struct _compat
     if (port_num != 1)
         return EINVAL;
     const char *st = getenv("FAKE_VERBS_PORT_STATE");
-    pa->state = st && !strcmp(st, "DOWN") ? IBV_PORT_DOWN : IBV_PORT_ACTIVE;
+    pa->state = thread_port_down || (st && !strcmp(st, "DOWN")) ? IBV_PORT_DOWN : IBV_PORT_ACTIVE;
     pa->max_mtu = IBV_MTU_4096;
     pa->active_mtu = IBV_MTU_4096;
     pa->gid_tbl_len = NGIDS;
@@ -675,6 +682,13 @@ static int need(int mask, int required, const char *what)
     return 1;
 }
 
+static _Thread_local int thread_rtr_error;
+
+void verbs_fake_thread_fail_rtr(int err)
+{
+    thread_rtr_error = err;
+}
+
 int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask)
 {
     fake_qp *q = (fake_qp *)qp;
@@ -689,6 +703,9 @@ int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask)
         if (!need(mask, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, "RESET->INIT") ||
             a->port_num != 1 || a->pkey_index != 0)
             err = EINVAL;
+    } else if (from == IBV_QPS_INIT && to == IBV_QPS_RTR && thread_rtr_error) {
+        err = thread_rtr_error; /* injected: verbs_fake_thread_fail_rtr */
+        thread_rtr_error = 0;
     } else if (from == IBV_QPS_INIT && to == IBV_QPS_RTR) {
         int req = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                   IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;

@@ -23,6 +23,14 @@
  *   FAKE_VERBS_LINK=IB          an InfiniBand port (LID 7) instead of RoCE
  *   FAKE_VERBS_LID=n            that port's LID (0: no subnet manager) */
 
+/* The calling thread (and only it) sees the port DOWN from now on when
+ * down is non-zero: with ranks as threads, one rank's probe fails. */
+void verbs_fake_thread_port_down(int down);
+
+/* The calling thread's next INIT->RTR transition fails with this errno
+ * (e.g. ETIMEDOUT, as an unreachable address vector gives). */
+void verbs_fake_thread_fail_rtr(int err);
+
 /* Live objects (contexts, PDs, MRs, CQs, QPs, channels); 0 after a clean
  * teardown. desc gets a breakdown. */
 int verbs_fake_live(char *desc, size_t cap);

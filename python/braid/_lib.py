@@ -30,6 +30,7 @@ STATUS_NAMES = (
     "BRAID_ERR_ABORTED",
     "BRAID_ERR_INTERNAL",
     "BRAID_ERR_NO_MEMORY",
+    "BRAID_ERR_CORRUPT",
 )
 DTYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int8": 4, "uint8": 5, "int32": 6, "int64": 7}
 OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4}

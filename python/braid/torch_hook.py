@@ -9,6 +9,15 @@ DDP still needs a torch process group of its own (it broadcasts the initial
 parameters and buffers through it); the hook moves only the gradient
 traffic onto braid. The braid group must span the same ranks in the same
 order. CPU tensors only.
+
+The hooks are asynchronous: each starts braid's all-reduce of the bucket
+and returns a pending torch.futures.Future at once, so autograd goes on
+computing the next buckets' gradients while braid's progress thread moves
+this one (DDP waits for every Future at the end of backward). A helper
+thread per process group waits for the braid works in issue order (the
+order braid completes them in) and completes their Futures. The
+``*_blocking`` twins run the all-reduce to completion inside the hook and
+return a completed Future, for comparison or debugging.
 """
 
 import queue
@@ -16,7 +25,15 @@ import threading
 
 import torch
 
-__all__ = ["allreduce_hook", "allreduce_hook_async", "fp16_compress_hook", "bf16_compress_hook"]
+__all__ = [
+    "allreduce_hook",
+    "allreduce_hook_blocking",
+    "allreduce_hook_async",
+    "fp16_compress_hook",
+    "fp16_compress_hook_blocking",
+    "bf16_compress_hook",
+    "bf16_compress_hook_blocking",
+]
 
 
 def _bucket_tensor(bucket):
@@ -30,79 +47,113 @@ def _completed(tensor):
     return fut
 
 
-def allreduce_hook(state, bucket):
-    """Average bucket.buffer() over the braid group in place and return a
-    completed Future holding it (what DDP copies back into the grads).
-
-    The all-reduce runs to completion before returning: DDP calls hooks
-    from its autograd hooks as buckets fill, and braid's ctypes calls drop
-    the GIL, so backward of other buckets is not held up by Python."""
-    tensor = _bucket_tensor(bucket)
-    state.allreduce(tensor, op="avg")
-    return _completed(tensor)
-
-
 class _Completer:
-    """One thread per process group that waits for braid works in issue
-    order (the order braid completes them in) and completes their Futures,
-    so the hook can return at once and backward runs on meanwhile."""
+    """Waits for braid works in issue order and completes their Futures.
+    braid_wait drops the GIL (a ctypes call), so this thread costs autograd
+    nothing while it waits."""
 
     def __init__(self):
         self._q = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="braid-hook", daemon=True)
         self._thread.start()
 
-    def submit(self, work, fut, tensor):
-        self._q.put((work, fut, tensor))
+    def submit(self, work, fut, finish):
+        self._q.put((work, fut, finish))
 
     def _run(self):
         while True:
-            work, fut, tensor = self._q.get()
+            work, fut, finish = self._q.get()
             try:
-                work.wait()  # drops the GIL while braid works
+                work.wait()
+                result = finish()
             except Exception as e:  # hand the BraidError to whoever waits on fut
                 fut.set_exception(e)
             else:
-                fut.set_result(tensor)
+                fut.set_result(result)
 
 
-_completers = {}
 _completers_lock = threading.Lock()
 
 
 def _completer(state):
+    """The process group's completer, made on first use and kept on it."""
     with _completers_lock:
-        c = _completers.get(id(state))
+        c = getattr(state, "_braid_hook_completer", None)
         if c is None:
-            c = _completers[id(state)] = _Completer()
+            c = _Completer()
+            state._braid_hook_completer = c
         return c
 
 
-def allreduce_hook_async(state, bucket):
-    """Like allreduce_hook, but returns a pending Future: the all-reduce
-    runs on braid's progress thread while autograd computes the next
-    buckets, and a helper thread completes the Future when it is done."""
-    tensor = _bucket_tensor(bucket)
-    work = state.allreduce(tensor, op="avg", async_op=True)
+def _start(state, tensor, op, finish):
+    work = state.allreduce(tensor, op=op, async_op=True)
     fut = torch.futures.Future()
-    _completer(state).submit(work, fut, tensor)
+    _completer(state).submit(work, fut, finish)
     return fut
 
 
-def _compressed_hook(state, bucket, dtype):
+def allreduce_hook(state, bucket):
+    """Average bucket.buffer() over the braid group in place; returns a
+    pending Future that completes with it (what DDP copies back into the
+    grads) once braid is done."""
     tensor = _bucket_tensor(bucket)
-    wire = tensor.to(dtype)
-    state.allreduce(wire, op="avg")
-    tensor.copy_(wire)
+    return _start(state, tensor, "avg", lambda: tensor)
+
+
+# The asynchronous hook under its earlier name.
+allreduce_hook_async = allreduce_hook
+
+
+def allreduce_hook_blocking(state, bucket):
+    """allreduce_hook that finishes the all-reduce before returning (a
+    completed Future): no overlap with the rest of backward."""
+    tensor = _bucket_tensor(bucket)
+    state.allreduce(tensor, op="avg")
     return _completed(tensor)
 
 
+def _compress(state, tensor, dtype):
+    # Divide by the group size in float32 before the cast and all-reduce
+    # with SUM: the sum is then the average, and no partial sum exceeds the
+    # largest gradient by more than its rounding, where an average taken on
+    # the wire would first add the ranks' values up in float16 and can pass
+    # its 65504. torch's fp16_compress_hook also divides first (after its
+    # cast). DDP overwrites the bucket with the Future's value, so dividing
+    # it in place is safe.
+    return tensor.div_(state.size).to(dtype)
+
+
+def _compressed_hook(state, bucket, dtype, blocking):
+    tensor = _bucket_tensor(bucket)
+    wire = _compress(state, tensor, dtype)
+
+    def finish():
+        tensor.copy_(wire)
+        return tensor
+
+    if blocking:
+        state.allreduce(wire, op="sum")
+        return _completed(finish())
+    return _start(state, wire, "sum", finish)
+
+
 def fp16_compress_hook(state, bucket):
-    """Like allreduce_hook, with the bucket sent and averaged as float16
-    (braid's counterpart of torch's default_hooks.fp16_compress_hook)."""
-    return _compressed_hook(state, bucket, torch.float16)
+    """Like allreduce_hook, with the bucket sent and summed as float16
+    after dividing by the group size (braid's counterpart of torch's
+    default_hooks.fp16_compress_hook)."""
+    return _compressed_hook(state, bucket, torch.float16, blocking=False)
+
+
+def fp16_compress_hook_blocking(state, bucket):
+    """fp16_compress_hook that finishes before returning."""
+    return _compressed_hook(state, bucket, torch.float16, blocking=True)
 
 
 def bf16_compress_hook(state, bucket):
-    """Like allreduce_hook, with the bucket sent and averaged as bfloat16."""
-    return _compressed_hook(state, bucket, torch.bfloat16)
+    """Like fp16_compress_hook, with bfloat16 on the wire."""
+    return _compressed_hook(state, bucket, torch.bfloat16, blocking=False)
+
+
+def bf16_compress_hook_blocking(state, bucket):
+    """bf16_compress_hook that finishes before returning."""
+    return _compressed_hook(state, bucket, torch.bfloat16, blocking=True)

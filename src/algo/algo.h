@@ -67,13 +67,60 @@ static inline void braid__segment(size_t count, int n, int i, size_t *start, siz
     *len = base + (ui < rem ? 1 : 0);
 }
 
+/* One pass of the ring engine (ring_allreduce.c) over part of the group:
+ * the flat ring all-reduce is one pass over every rank and every step; the
+ * hierarchical all-reduce runs its phases as passes over sub-rings. */
+typedef struct {
+    const int *members;     /* group ranks in ring order; NULL: 0..n-1 */
+    int n, index;           /* ring size and this rank's position in it */
+    const void *send;       /* input (read by step 0 and the reduces), count elements */
+    void *recv;             /* result, count elements; may equal send */
+    size_t count;
+    /* count is cut into nshards even shards (braid__segment); ring segment
+     * b carries shard (b - shard_shift) mod n, empty when that is >= nshards.
+     * After the reduce-scatter steps, position i holds segment (i + 1) mod n. */
+    int nshards, shard_shift;
+    int first_step, end_step; /* steps [first, end) of 0..2n-3: reduce-scatter 0..n-2, all-gather n-1.. */
+    int divisor;            /* the last reduce-scatter step divides AVG by this; 0: plain combine */
+    int fp;                 /* send and check call fingerprints on both links first */
+} braid_ring_pass;
+
+braid_status braid__ring_pass(braid_algo_run *run, const braid_ring_pass *pass);
+
 /* Algorithms. */
 braid_status braid__ring_allreduce(braid_algo_run *run);
+braid_status braid__hier_allreduce(braid_algo_run *run);
 braid_status braid__rd_allreduce(braid_algo_run *run);
 braid_status braid__chain_broadcast(braid_algo_run *run);
+braid_status braid__tree_broadcast(braid_algo_run *run);
 braid_status braid__chain_reduce(braid_algo_run *run);
 braid_status braid__ring_allgather(braid_algo_run *run);
 braid_status braid__ring_reduce_scatter(braid_algo_run *run);
+
+/* Hosts of the group as the hierarchical all-reduce sees them (hosts told
+ * apart by the identity that decides shared-memory pairs, BRAID_HOST_ID
+ * overriding it); computed once per group. */
+typedef struct braid_hier_topo {
+    int nhosts;
+    int min_local, max_local; /* fewest and most ranks on one host */
+    int host;                 /* this rank's host, hosts numbered by their lowest rank */
+    int local_index;          /* this rank's position among its host's ranks */
+    int nlocal;               /* ranks on this host */
+    int *local;               /* [nlocal] this host's ranks, ascending */
+    int *cross;               /* [nhosts] rank at local_index on every host (valid when local_index < min_local) */
+} braid_hier_topo;
+
+/* The group's topology, or NULL when it is unknown or cannot be held.
+ * Made on first use: call it from the executor, or while no call of the
+ * group is in flight. */
+const braid_hier_topo *braid__hier_topo(braid_pg *pg);
+
+/* Tuner's choice for an all-reduce of count dtype elements (never AUTO;
+ * a forced hierarchical all-reduce on a topology without one becomes RING). */
+braid_algo braid__allreduce_algo(braid_pg *pg, size_t count, braid_dtype dtype);
+
+/* Largest message (bytes) that recursive doubling takes on n ranks. */
+size_t braid__rd_max_bytes(int n);
 
 /* Sends and receives ops[0..nops) (SEND/RECV calls) progressed together;
  * messages between two ranks match in posting order (algo/p2p.c). */

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "algo.h"
+#include "checksum.h"
 #include "clock.h"
 #include "status.h"
 
@@ -81,7 +82,50 @@ static braid_status wait_mixed(braid_conn **conns, int nconns, int wake_fd, int 
     return n ? first->progress(group, n, wake_fd, block) : BRAID_OK;
 }
 
+static braid_status algo_wait(braid_algo_run *run, braid_conn **conns, int nconns, int waiting_on);
+
+/* A chunk failed its checksum on conn: say which call it belonged to and
+ * where in the call's buffers it was going, on top of what the connection
+ * found (rank, peer, message, expected and actual CRC, logged there). */
+static braid_status corrupt_context(braid_algo_run *run, const braid_conn *conn, braid_status st)
+{
+    braid_checksum_fault f;
+    if (st != BRAID_ERR_CORRUPT || !conn || !braid__checksum_fault(conn, &f))
+        return st;
+    const braid_coll *c = run->coll;
+    size_t esize = braid_dtype_size(c->dtype), bytes = c->count * esize;
+    const uint8_t *b = f.buf, *recv = c->recv;
+    char where[96];
+    if (recv && b >= recv && b < recv + bytes)
+        snprintf(where, sizeof(where), "chunk at byte offset %zu of the result buffer", (size_t)(b - recv));
+    else if (b == run->fp_in.theirs)
+        snprintf(where, sizeof(where), "call fingerprint");
+    else if (f.len == BRAID_FP_BYTES) /* some algorithms keep the fingerprint they receive locally */
+        snprintf(where, sizeof(where), "call fingerprint or a chunk received into staging");
+    else
+        snprintf(where, sizeof(where), "chunk received into staging");
+    if (f.order)
+        return braid__error_quiet(st,
+                                  "rank %d: %s #%" PRIu64 ": data from peer %d out of order: expected message #%" PRIu64
+                                  " (%zu bytes, %s), its trailer names #%" PRIu32,
+                                  f.rank, run->name, c->seq, f.peer, f.msg, f.len, where, f.actual);
+    return braid__error_quiet(st,
+                              "rank %d: %s #%" PRIu64 ": checksum mismatch on data from peer %d, message #%" PRIu64
+                              " (%zu bytes, %s): crc32c expected 0x%08" PRIx32 " (sender), actual 0x%08" PRIx32
+                              " (received)",
+                              f.rank, run->name, c->seq, f.peer, f.msg, f.len, where, f.expected, f.actual);
+}
+
 braid_status braid__algo_wait(braid_algo_run *run, braid_conn **conns, int nconns, int waiting_on)
+{
+    braid_status st = algo_wait(run, conns, nconns, waiting_on);
+    for (int i = 0; st == BRAID_ERR_CORRUPT && i < nconns; i++)
+        if (conns[i]->error == BRAID_ERR_CORRUPT)
+            return corrupt_context(run, conns[i], st);
+    return st;
+}
+
+static braid_status algo_wait(braid_algo_run *run, braid_conn **conns, int nconns, int waiting_on)
 {
     braid_pg *pg = run->pg;
     if (atomic_load(&pg->aborted))
@@ -104,8 +148,8 @@ braid_status braid__algo_wait(braid_algo_run *run, braid_conn **conns, int nconn
 
 braid_status braid__algo_test(braid_algo_run *run, braid_req *req, int *done)
 {
-    (void)run;
-    return req->conn->ops->test(req, done);
+    braid_status st = req->conn->ops->test(req, done);
+    return st == BRAID_ERR_CORRUPT ? corrupt_context(run, req->conn, st) : st;
 }
 
 /* Wire layout (little endian): magic u32, kind u8, op u8, dtype u8, pad u8,

@@ -2,18 +2,116 @@
  * failure into a broken group so that every rank fails fast. */
 #include "algo.h"
 #include "hmem.h"
+#include "log.h"
 #include "status.h"
 
-/* Below this size all-reduce is latency-bound and recursive doubling's
- * log2(n) rounds beat the ring's 2(n-1) steps (see docs/PERFORMANCE.md). */
-#define RD_MAX_BYTES (64 * 1024)
+/* Recursive doubling against the ring (docs/COLLECTIVES.md, "Choosing an
+ * all-reduce algorithm"). With a per-message latency a, a per-byte
+ * transfer cost b and a per-byte combine cost taken equal to b, on n ranks
+ * and B bytes:
+ *   recursive doubling: R rounds of (a + 2bB), R = log2(n), plus 2 for the
+ *                       fold when n is not a power of two;
+ *   ring:               2(n-1) a + 3 (n-1)/n b B  (two transfers and one
+ *                       combine of each element's (n-1)/n share).
+ * Recursive doubling wins up to B* = (a/b) (2(n-1) - R) / (2R - 3(n-1)/n).
+ * RD_LATENCY_BYTES is a/b, set so that n = 4 keeps the 64 KiB crossover
+ * measured on loopback before; RD_MAX_CAP bounds B* for large groups,
+ * where recursive doubling's unpipelined full-buffer rounds stop paying. */
+#define RD_LATENCY_BYTES (28 * 1024)
+#define RD_MAX_CAP (4u << 20)
+/* Device all-reduces above one staging piece run the device ring where the
+ * host path would run the ring (cuda/hmem_cuda.c), so recursive doubling
+ * must never reach past a piece. */
+_Static_assert(RD_MAX_CAP <= BRAID_HMEM_PIECE_BYTES, "recursive doubling's range must stay within one piece");
 
-static braid_algo tune_allreduce(const braid_pg *pg, const braid_coll *coll)
+/* Smallest message for which the tuner takes the hierarchical all-reduce
+ * on a multi-host group (above recursive doubling's range in any case):
+ * below it the three phases' extra latency steps outweigh what sharing the
+ * inter-host links saves. Measured with two namespaces of two ranks
+ * (docs/COLLECTIVES.md): hier is level with recursive doubling at 64-128
+ * KiB and ahead from 256 KiB, and ahead of the flat ring at every size. */
+#define HIER_MIN_BYTES (64 * 1024)
+
+/* Largest broadcast sent whole down a binomial tree (log2(n) hops) rather
+ * than pipelined along the chain (n-1 hops, each a chunk): below it the
+ * hop count, not the bandwidth, sets the time. */
+#define TREE_BCAST_MAX_BYTES (64 * 1024)
+
+static braid_status run_broadcast(braid_pg *pg, braid_algo_run *run)
 {
+    size_t bytes = run->coll->count * braid_dtype_size(run->coll->dtype);
+    if (pg->size > 2 && bytes <= TREE_BCAST_MAX_BYTES)
+        return braid__tree_broadcast(run);
+    return braid__chain_broadcast(run);
+}
+
+size_t braid__rd_max_bytes(int n)
+{
+    if (n < 2)
+        return 0;
+    int rounds = 0;
+    while ((2 << rounds) <= n)
+        rounds++;
+    if (n & (n - 1))
+        rounds += 2;
+    double num = 2.0 * (n - 1) - rounds, den = 2.0 * rounds - 3.0 * (n - 1) / n;
+    if (num <= 0)
+        return 0;
+    double b = den <= 0 ? RD_MAX_CAP : RD_LATENCY_BYTES * num / den;
+    return b >= RD_MAX_CAP ? RD_MAX_CAP : (size_t)b;
+}
+
+/* Several hosts and more than one rank on one of them: otherwise the
+ * hierarchical all-reduce is the flat ring with extra steps. */
+static int hier_fits(const braid_hier_topo *t)
+{
+    return t && t->nhosts > 1 && t->max_local > 1;
+}
+
+braid_algo braid__allreduce_algo(braid_pg *pg, size_t count, braid_dtype dtype)
+{
+    size_t bytes = count * braid_dtype_size(dtype);
+    if (pg->algo == BRAID_ALGO_HIER)
+        return hier_fits(braid__hier_topo(pg)) ? BRAID_ALGO_HIER : BRAID_ALGO_RING;
     if (pg->algo != BRAID_ALGO_AUTO)
         return pg->algo;
+    if (bytes <= braid__rd_max_bytes(pg->size))
+        return BRAID_ALGO_RECURSIVE_DOUBLING;
+    if (bytes >= HIER_MIN_BYTES && hier_fits(braid__hier_topo(pg)))
+        return BRAID_ALGO_HIER;
+    return BRAID_ALGO_RING;
+}
+
+static const char *algo_name(braid_algo a)
+{
+    switch (a) {
+    case BRAID_ALGO_RING: return "ring";
+    case BRAID_ALGO_RECURSIVE_DOUBLING: return "rd";
+    case BRAID_ALGO_HIER: return "hier";
+    default: return "?";
+    }
+}
+
+/* Logs each algorithm's first use in the group at INFO, with the topology
+ * for the hierarchical one, and a forced one that the topology overrides. */
+static void log_choice(braid_pg *pg, const braid_coll *coll, braid_algo algo)
+{
+    if (pg->algo_logged & (1u << algo))
+        return;
+    pg->algo_logged |= 1u << algo;
     size_t bytes = coll->count * braid_dtype_size(coll->dtype);
-    return bytes <= RD_MAX_BYTES ? BRAID_ALGO_RECURSIVE_DOUBLING : BRAID_ALGO_RING;
+    const braid_hier_topo *t = braid__hier_topo(pg);
+    if (pg->algo == BRAID_ALGO_HIER && algo != BRAID_ALGO_HIER)
+        BRAID_WARN("rank %d: BRAID_ALGO=hier needs several hosts and more than one rank on one of them; this "
+                   "group has %d host(s) and at most %d rank(s) per host: using %s",
+                   pg->rank, t ? t->nhosts : 1, t ? t->max_local : pg->size, algo_name(algo));
+    if (algo == BRAID_ALGO_HIER)
+        BRAID_INFO("rank %d: allreduce algorithm hier (first used for %zu bytes): %d hosts, %d-%d ranks per "
+                   "host, local position %d of %d",
+                   pg->rank, bytes, t->nhosts, t->min_local, t->max_local, t->local_index, t->nlocal);
+    else
+        BRAID_INFO("rank %d: allreduce algorithm %s (first used for %zu bytes, %d ranks)", pg->rank, algo_name(algo),
+                   bytes, pg->size);
 }
 
 static int is_p2p(const braid_coll *c)
@@ -24,15 +122,20 @@ static int is_p2p(const braid_coll *c)
 static braid_status run_algo(braid_pg *pg, braid_coll *coll, braid_algo_run *run)
 {
     switch (coll->kind) {
-    case BRAID_COLL_BROADCAST: return braid__chain_broadcast(run);
+    case BRAID_COLL_BROADCAST: return run_broadcast(pg, run);
     case BRAID_COLL_REDUCE: return braid__chain_reduce(run);
     case BRAID_COLL_ALLGATHER: return braid__ring_allgather(run);
     case BRAID_COLL_REDUCE_SCATTER: return braid__ring_reduce_scatter(run);
     case BRAID_COLL_SEND:
     case BRAID_COLL_RECV: return braid__p2p_run(run, coll, 1);
     case BRAID_COLL_ALLREDUCE:
-        coll->algo = tune_allreduce(pg, coll);
-        return coll->algo == BRAID_ALGO_RECURSIVE_DOUBLING ? braid__rd_allreduce(run) : braid__ring_allreduce(run);
+        coll->algo = braid__allreduce_algo(pg, coll->count, coll->dtype);
+        log_choice(pg, coll, coll->algo);
+        switch (coll->algo) {
+        case BRAID_ALGO_RECURSIVE_DOUBLING: return braid__rd_allreduce(run);
+        case BRAID_ALGO_HIER: return braid__hier_allreduce(run);
+        default: return braid__ring_allreduce(run);
+        }
     case BRAID_COLL_GROUP: break;
     }
     return braid__error(BRAID_ERR_INTERNAL, "rank %d: job of unknown kind %d", pg->rank, (int)coll->kind);

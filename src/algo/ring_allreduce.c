@@ -11,7 +11,15 @@
  *
  * The chunk sent at step s >= 1 is the chunk received at step s-1, so the
  * sends are gated, in order, by the receives: send item k (k >= chunks of
- * step 0) may go once receive item k - chunks(step 0) is done. */
+ * step 0) may go once receive item k - chunks(step 0) is done.
+ *
+ * The engine (braid__ring_pass) also runs over a subset of the group, over
+ * a part of the steps (the reduce-scatter or the all-gather half alone) and
+ * with fewer shards than ring members (segments past them are empty, and
+ * every step skips them on both sides alike): the hierarchical all-reduce
+ * (hier_allreduce.c) is built from such passes. A pass that starts at a
+ * later step sends that step's segment from recv, where the previous pass
+ * left it final, without gating. */
 #include <string.h>
 
 #include "algo.h"
@@ -31,14 +39,19 @@ typedef struct {
 
 typedef struct {
     braid_algo_run *run;
-    int n, rank;
+    const braid_ring_pass *pass;
+    int n, rank;              /* ring size and this rank's position in it */
     size_t elems_per_chunk, esize;
 } ring;
 
 static void cursor_load_step(const ring *g, cursor *c)
 {
+    const braid_ring_pass *p = g->pass;
     int seg = ((g->rank - c->step - c->shift) % g->n + g->n) % g->n;
-    braid__segment(g->run->coll->count, g->n, seg, &c->seg_start, &c->seg_len);
+    int shard = ((seg - p->shard_shift) % g->n + g->n) % g->n;
+    c->seg_start = c->seg_len = 0;
+    if (shard < p->nshards)
+        braid__segment(p->count, p->nshards, shard, &c->seg_start, &c->seg_len);
     c->nchunks = (c->seg_len + g->elems_per_chunk - 1) / g->elems_per_chunk;
     c->chunk = 0;
 }
@@ -55,8 +68,8 @@ static void cursor_settle(const ring *g, cursor *c)
 
 static void cursor_init(const ring *g, cursor *c, int shift)
 {
-    c->step = 0;
-    c->steps = 2 * (g->n - 1);
+    c->step = g->pass->first_step;
+    c->steps = g->pass->end_step;
     c->shift = shift;
     cursor_load_step(g, c);
     cursor_settle(g, c);
@@ -81,30 +94,56 @@ static void cursor_range(const ring *g, const cursor *c, size_t *off, size_t *le
     *len = c->seg_len - first < g->elems_per_chunk ? c->seg_len - first : g->elems_per_chunk;
 }
 
-static void copy_and_scale(const braid_coll *coll, int n)
+/* A ring of one: the input is the result (AVG still divides). */
+static void copy_and_scale(const braid_coll *coll, const braid_ring_pass *p)
 {
-    size_t bytes = coll->count * braid_dtype_size(coll->dtype);
-    if (coll->recv != coll->send && bytes)
-        memmove(coll->recv, coll->send, bytes);
-    braid__reduce_scale(coll->dtype, coll->op, coll->recv, coll->count, n);
+    size_t bytes = p->count * braid_dtype_size(coll->dtype);
+    if (p->recv != p->send && bytes)
+        memmove(p->recv, p->send, bytes);
+    if (p->divisor)
+        braid__reduce_scale(coll->dtype, coll->op, p->recv, p->count, p->divisor);
+}
+
+static int member(const braid_ring_pass *p, int i)
+{
+    return p->members ? p->members[i] : i;
 }
 
 braid_status braid__ring_allreduce(braid_algo_run *run)
 {
     braid_pg *pg = run->pg;
     const braid_coll *coll = run->coll;
-    ring g = {.run = run, .n = pg->size, .rank = pg->rank, .esize = braid_dtype_size(coll->dtype)};
+    braid_ring_pass p = {.members = NULL,
+                         .n = pg->size,
+                         .index = pg->rank,
+                         .send = coll->send,
+                         .recv = coll->recv,
+                         .count = coll->count,
+                         .nshards = pg->size,
+                         .shard_shift = 0,
+                         .first_step = 0,
+                         .end_step = 2 * (pg->size - 1),
+                         .divisor = pg->size,
+                         .fp = 1};
+    return braid__ring_pass(run, &p);
+}
+
+braid_status braid__ring_pass(braid_algo_run *run, const braid_ring_pass *pass)
+{
+    braid_pg *pg = run->pg;
+    const braid_coll *coll = run->coll;
+    ring g = {.run = run, .pass = pass, .n = pass->n, .rank = pass->index, .esize = braid_dtype_size(coll->dtype)};
     braid_status st;
 
     if (g.n == 1) {
-        copy_and_scale(coll, 1);
+        copy_and_scale(coll, pass);
         return BRAID_OK;
     }
     g.elems_per_chunk = pg->chunk_bytes / g.esize;
     if (g.elems_per_chunk == 0)
         g.elems_per_chunk = 1;
 
-    int next = (g.rank + 1) % g.n, prev = (g.rank + g.n - 1) % g.n;
+    int next = member(pass, (g.rank + 1) % g.n), prev = member(pass, (g.rank + g.n - 1) % g.n);
     braid_conn *conns[2];
     BRAID_CHECK(braid__pg_conn(pg, next, &conns[0]));
     BRAID_CHECK(braid__pg_conn(pg, prev, &conns[1]));
@@ -114,17 +153,20 @@ braid_status braid__ring_allreduce(braid_algo_run *run)
     size_t slot_bytes = g.elems_per_chunk * g.esize;
     BRAID_CHECK(braid__pg_scratch(pg, RECV_SLOTS * slot_bytes, (void **)&staging));
 
-    const uint8_t *send = coll->send;
-    uint8_t *recv = coll->recv;
+    const uint8_t *send = pass->send;
+    uint8_t *recv = pass->recv;
 
     /* Call fingerprints go first on each link; the receive side checks the
-     * previous rank's before touching any data. */
+     * previous rank's before touching any data. A later pass over links
+     * that an earlier one of the same call checked skips them. */
     uint8_t fp_mine[BRAID_FP_BYTES];
     braid_req fp_send_req;
-    braid__fp_encode(coll, fp_mine);
-    BRAID_CHECK(conns[0]->ops->isend(conns[0], &fp_send_req, fp_mine, sizeof(fp_mine)));
-    BRAID_CHECK(braid__fp_recv(run, conns[nconns - 1], prev));
-    int fp_sent = 0, fp_checked = 0;
+    int fp_sent = !pass->fp, fp_checked = !pass->fp;
+    if (pass->fp) {
+        braid__fp_encode(coll, fp_mine);
+        BRAID_CHECK(conns[0]->ops->isend(conns[0], &fp_send_req, fp_mine, sizeof(fp_mine)));
+        BRAID_CHECK(braid__fp_recv(run, conns[nconns - 1], prev));
+    }
 
     braid_req recv_reqs[RECV_SLOTS], send_reqs[SEND_WINDOW];
     cursor post_r, done_r, post_s;
@@ -132,7 +174,7 @@ braid_status braid__ring_allreduce(braid_algo_run *run)
     cursor_init(&g, &done_r, 1);
     cursor_init(&g, &post_s, 0);
     size_t n_posted_r = 0, n_done_r = 0, n_posted_s = 0, n_done_s = 0;
-    size_t step0_sends = post_s.step == 0 ? post_s.nchunks : 0;
+    size_t step0_sends = post_s.step == pass->first_step ? post_s.nchunks : 0;
     braid_conn *to_next = conns[0], *from_prev = conns[nconns - 1];
 
     for (;;) {
@@ -177,9 +219,9 @@ braid_status braid__ring_allreduce(braid_algo_run *run)
                 size_t off, len;
                 cursor_range(&g, &done_r, &off, &len);
                 const uint8_t *slot = staging + (n_done_r % RECV_SLOTS) * slot_bytes;
-                if (done_r.step == g.n - 2)
+                if (done_r.step == g.n - 2 && pass->divisor)
                     braid__reduce_final(coll->dtype, coll->op, recv + off * g.esize, send + off * g.esize, slot,
-                                        len, g.n);
+                                        len, pass->divisor);
                 else
                     braid__reduce(coll->dtype, coll->op, recv + off * g.esize, send + off * g.esize, slot, len);
             }

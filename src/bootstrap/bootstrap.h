@@ -12,6 +12,7 @@ typedef struct {
     char host[96];                        /* rank 0's store address */
     int port;
     uint8_t secret[BRAID_SECRET_BYTES];
+    int local_rank;                       /* the launcher's, -1 when it set none */
 } braid_rendezvous;
 
 /* Decode and validate a unique id. */
@@ -26,5 +27,8 @@ braid_status braid__env_rendezvous(int *rank, int *size, braid_rendezvous *rv);
  * not serve, so a dead rank 0 is seen as refused connections. */
 int braid__prebound_take(int port);
 void braid__prebound_release(int port);
+/* Keep a bound, listening fd for port until taken (group shrink hands the
+ * new group's store socket to the init path this way). */
+void braid__prebound_put(int port, int fd);
 
 #endif

@@ -18,10 +18,18 @@ typedef struct braid_store braid_store;
 braid_status braid__store_server_start(int listen_fd, const uint8_t secret[BRAID_SECRET_BYTES],
                                        braid_store_server **server);
 void braid__store_server_stop(braid_store_server *server);
+/* Stop once every client has disconnected, or after grace_ms: a rank that
+ * finished init early must not take the store away from one still reading
+ * its last answer. */
+void braid__store_server_stop_drained(braid_store_server *server, int grace_ms);
 
 /* Connect to host:port, retrying until timeout_ms (rank 0 may start last). */
 braid_status braid__store_connect(const char *host, int port, const uint8_t secret[BRAID_SECRET_BYTES],
                                   int rank, int timeout_ms, braid_store **store);
+/* Same over fd, already connected to the server at addr (text for
+ * messages): authenticates only. The store takes fd, also on failure. */
+braid_status braid__store_attach(int fd, const char *addr, const uint8_t secret[BRAID_SECRET_BYTES], int rank,
+                                 int timeout_ms, braid_store **store);
 void braid__store_close(braid_store *store);
 
 braid_status braid__store_set(braid_store *store, const char *key, const void *value, size_t len);

@@ -27,24 +27,13 @@ struct braid_store {
     pthread_mutex_t mu;
 };
 
-braid_status braid__store_connect(const char *host, int port, const uint8_t secret[BRAID_SECRET_BYTES], int rank,
-                                  int timeout_ms, braid_store **store)
+/* Authenticate over the connected fd and wrap it; takes fd, also on
+ * failure. s->addr / s->what are already set. */
+static braid_status store_handshake(braid_store *s, const uint8_t secret[BRAID_SECRET_BYTES], int64_t deadline,
+                                    braid_store **store)
 {
     braid_status st;
-    braid_sockaddr addr;
-    int64_t deadline = braid__now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
-    braid_store *s = calloc(1, sizeof(*s));
-    if (!s)
-        return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for the store client", rank);
-    s->fd = -1;
-    s->rank = rank;
-    s->timeout_ms = timeout_ms;
-    BRAID_CHECK_GOTO(braid__sock_resolve(host, port, &addr), st, err_free);
-    braid__sock_addr_format(&addr, s->addr, sizeof(s->addr));
-    snprintf(s->what, sizeof(s->what), "rank %d: store at %s", rank, s->addr);
-    BRAID_CHECK_GOTO(braid__sock_connect(&addr, deadline, s->what, &s->fd), st, err_free);
-
-    braid_hello self = {.role = BRAID_ROLE_STORE_CLIENT, .rank = rank, .target = 0}, peer;
+    braid_hello self = {.role = BRAID_ROLE_STORE_CLIENT, .rank = s->rank, .target = 0}, peer;
     uint32_t result;
     BRAID_CHECK_GOTO(
         braid__auth_initiate(s->fd, secret, &self, BRAID_ROLE_STORE_SERVER, deadline, s->what, &peer, &result), st,
@@ -63,9 +52,47 @@ braid_status braid__store_connect(const char *host, int port, const uint8_t secr
 
 err_close:
     close(s->fd);
+    free(s);
+    return st;
+}
+
+braid_status braid__store_connect(const char *host, int port, const uint8_t secret[BRAID_SECRET_BYTES], int rank,
+                                  int timeout_ms, braid_store **store)
+{
+    braid_status st;
+    braid_sockaddr addr;
+    int64_t deadline = braid__now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+    braid_store *s = calloc(1, sizeof(*s));
+    if (!s)
+        return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for the store client", rank);
+    s->fd = -1;
+    s->rank = rank;
+    s->timeout_ms = timeout_ms;
+    BRAID_CHECK_GOTO(braid__sock_resolve(host, port, &addr), st, err_free);
+    braid__sock_addr_format(&addr, s->addr, sizeof(s->addr));
+    snprintf(s->what, sizeof(s->what), "rank %d: store at %s", rank, s->addr);
+    BRAID_CHECK_GOTO(braid__sock_connect(&addr, deadline, s->what, &s->fd), st, err_free);
+    return store_handshake(s, secret, deadline, store);
+
 err_free:
     free(s);
     return st;
+}
+
+braid_status braid__store_attach(int fd, const char *addr, const uint8_t secret[BRAID_SECRET_BYTES], int rank,
+                                 int timeout_ms, braid_store **store)
+{
+    braid_store *s = calloc(1, sizeof(*s));
+    if (!s) {
+        close(fd);
+        return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for the store client", rank);
+    }
+    s->fd = fd;
+    s->rank = rank;
+    s->timeout_ms = timeout_ms;
+    snprintf(s->addr, sizeof(s->addr), "%s", addr);
+    snprintf(s->what, sizeof(s->what), "rank %d: store at %s", rank, s->addr);
+    return store_handshake(s, secret, braid__now_ms() + (timeout_ms > 0 ? timeout_ms : 0), store);
 }
 
 void braid__store_close(braid_store *s)

@@ -22,6 +22,7 @@
 
 #define ACCEPT_PAUSE_MS 100 /* after EMFILE: let fds free up instead of spinning */
 #define INITIAL_BUCKETS 64
+#define DRAIN_POLL_MS 10    /* while stopping: how often the client count is checked */
 
 typedef enum { CL_HANDSHAKE, CL_HEADER, CL_BODY, CL_PARKED, CL_REPLY, CL_DEAD } client_state;
 
@@ -63,6 +64,7 @@ struct braid_store_server {
     client **pclients;
     size_t pcap;
     int64_t accept_resume; /* listen fd ignored until then */
+    int drain_ms;          /* on stop: serve connected clients this long */
 };
 
 /* ---- key-value table --------------------------------------------------- */
@@ -486,6 +488,7 @@ static int grow_pollfds(braid_store_server *s, size_t n)
 static void *server_main(void *arg)
 {
     braid_store_server *s = arg;
+    int64_t stop_at = -1; /* set once stopping */
     for (;;) {
         int64_t now = braid__now_ms();
         if (grow_pollfds(s, s->nclients + 2) != 0) {
@@ -500,13 +503,22 @@ static void *server_main(void *arg)
             s->pclients[n] = c;
             s->pfds[n++] = (struct pollfd){.fd = c->fd, .events = client_events(c)};
         }
-        int rc = poll(s->pfds, (nfds_t)n, poll_timeout(s, now));
+        int timeout = poll_timeout(s, now);
+        if (stop_at >= 0 && (timeout < 0 || timeout > DRAIN_POLL_MS))
+            timeout = DRAIN_POLL_MS;
+        int rc = poll(s->pfds, (nfds_t)n, timeout);
         if (rc < 0 && errno != EINTR) {
             BRAID_WARN("store: poll: %m");
             poll(NULL, 0, ACCEPT_PAUSE_MS);
             continue;
         }
-        if (rc > 0 && s->pfds[0].revents)
+        if (rc > 0 && s->pfds[0].revents && stop_at < 0) {
+            char drain[16];
+            ssize_t r = read(s->wake[0], drain, sizeof(drain));
+            (void)r;
+            stop_at = braid__now_ms() + s->drain_ms;
+        }
+        if (stop_at >= 0 && (s->nclients == 0 || braid__now_ms() >= stop_at))
             break;
         for (size_t i = 2; rc > 0 && i < n; i++)
             if (s->pfds[i].revents)
@@ -567,8 +579,14 @@ err_close_listen:
 
 void braid__store_server_stop(braid_store_server *s)
 {
+    braid__store_server_stop_drained(s, 0);
+}
+
+void braid__store_server_stop_drained(braid_store_server *s, int grace_ms)
+{
     if (!s)
         return;
+    s->drain_ms = grace_ms > 0 ? grace_ms : 0; /* read by the thread after the wake-up below */
     ssize_t w;
     do {
         w = write(s->wake[1], "x", 1);

@@ -64,6 +64,22 @@ int braid__prebound_take(int port)
     return prebound_remove(port);
 }
 
+void braid__prebound_put(int port, int fd)
+{
+    pthread_mutex_lock(&prebound_mu);
+    if (prebound_count == PREBOUND_MAX) {
+        /* The oldest one has long been handed out: stop serving it here. */
+        BRAID_INFO("rendezvous socket for port %d no longer kept in this process", prebound[0].port);
+        close(prebound[0].fd);
+        memmove(&prebound[0], &prebound[1], sizeof(prebound[0]) * (PREBOUND_MAX - 1));
+        prebound_count--;
+    }
+    prebound[prebound_count].port = port;
+    prebound[prebound_count].fd = fd;
+    prebound_count++;
+    pthread_mutex_unlock(&prebound_mu);
+}
+
 void braid__prebound_release(int port)
 {
     int fd = prebound_remove(port);
@@ -116,19 +132,9 @@ BRAID_API braid_status braid_unique_id(braid_unique_id_t *id)
             snprintf(l.host, sizeof(l.host), "127.0.0.1");
         int fd;
         BRAID_CHECK(braid__sock_listen(l.host, 0, &fd, &port));
-        pthread_mutex_lock(&prebound_mu);
-        if (prebound_count == PREBOUND_MAX) {
-            /* A process that makes many ids (a launcher, a test driver)
-             * has long handed the oldest ones out: stop serving it here. */
-            BRAID_INFO("unique id for port %d no longer kept in this process", prebound[0].port);
-            close(prebound[0].fd);
-            memmove(&prebound[0], &prebound[1], sizeof(prebound[0]) * (PREBOUND_MAX - 1));
-            prebound_count--;
-        }
-        prebound[prebound_count].port = port;
-        prebound[prebound_count].fd = fd;
-        prebound_count++;
-        pthread_mutex_unlock(&prebound_mu);
+        /* A process that makes many ids (a launcher, a test driver) has
+         * long handed the oldest ones out: the table drops those. */
+        braid__prebound_put(port, fd);
     }
     l.port = htons((uint16_t)port);
     memcpy(id->internal, &l, sizeof(l));
@@ -148,6 +154,7 @@ braid_status braid__unique_id_decode(const braid_unique_id_t *id, braid_rendezvo
     snprintf(rv->host, sizeof(rv->host), "%s", l.host);
     rv->port = ntohs(l.port);
     memcpy(rv->secret, l.secret, sizeof(rv->secret));
+    rv->local_rank = -1;
     return BRAID_OK;
 }
 
@@ -252,6 +259,11 @@ braid_status braid__env_rendezvous(int *rank, int *size, braid_rendezvous *rv)
     } else {
         derive_secret(rv, s, rv->secret);
     }
+    static const char *const local_vars[] = {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", NULL};
+    const char *local_name = NULL, *local_text = first_env(local_vars, &local_name);
+    rv->local_rank = -1;
+    if (local_text)
+        BRAID_CHECK(env_int(local_name, local_text, 0, s - 1, &rv->local_rank));
     *rank = r;
     *size = s;
     return BRAID_OK;

@@ -215,8 +215,18 @@ NCCL_API ncclResult_t ncclCommFinalize(ncclComm_t comm)
     ncclResult_t r = nccl__comm_check(comm, "ncclCommFinalize");
     if (r != ncclSuccess)
         return r;
-    /* Every operation completed before the call that issued it returned. */
+    if (nccl__group_active() && nccl__group_forget(comm, 0, "ncclCommFinalize") != ncclSuccess)
+        return ncclInvalidUsage;
+    /* Host calls completed before they returned; device calls are flushed
+     * here (their streams are released as they complete). */
+    nccl__dev_drain(comm);
     comm->finalized = 1;
+    ncclResult_t async = (ncclResult_t)atomic_load(&comm->async_error);
+    if (async != ncclSuccess) {
+        const char *text = nccl__dev_error(comm);
+        return nccl__fail(async, "ncclCommFinalize: an earlier call on device buffers failed: %s",
+                          text ? text : "(no detail)");
+    }
     return ncclSuccess;
 }
 
@@ -256,7 +266,20 @@ static ncclResult_t comm_release(ncclComm_t comm, int abort, const char *call)
         return ncclSuccess;
     if (comm->init_result == ncclInProgress)
         return nccl__fail(ncclInvalidUsage, "%s: the communicator is still to be created at ncclGroupEnd", call);
+    /* Inside this thread's open group: abort drops the calls recorded on
+     * comm, destroy is refused while there are any (as the group holds
+     * comm until ncclGroupEnd, waiting for it here would never end). */
+    if (nccl__group_active()) {
+        ncclResult_t r = nccl__group_forget(comm, abort, call);
+        if (r != ncclSuccess)
+            return r;
+    }
+    /* Destroy lets the device calls already enqueued finish; abort makes
+     * them fail at once (braid_pg_abort in quiesce). */
+    if (!abort)
+        nccl__dev_drain(comm);
     quiesce(comm, abort);
+    nccl__dev_stop(comm);
     if (comm->pg)
         braid_pg_destroy(comm->pg);
     comm_free(comm);
@@ -279,6 +302,13 @@ NCCL_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async
         return nccl__fail(ncclInvalidArgument, "ncclCommGetAsyncError: %s is NULL", !comm ? "comm" : "asyncError");
     if (comm->init_result != ncclSuccess) {
         *asyncError = comm->init_result;
+        return ncclSuccess;
+    }
+    ncclResult_t async = (ncclResult_t)atomic_load(&comm->async_error);
+    if (async != ncclSuccess) {
+        const char *text = nccl__dev_error(comm);
+        nccl__fail(async, "%s", text ? text : "a call on device buffers failed"); /* for ncclGetLastError */
+        *asyncError = async;
         return ncclSuccess;
     }
     *asyncError = nccl__result_of(braid_pg_error(comm->pg));
@@ -368,6 +398,7 @@ static ncclResult_t comm_split(ncclComm_t comm, int color, int key, ncclComm_t *
     if (nccl__group_active())
         return nccl__fail(ncclInvalidUsage, "%s: braid does not split inside a group: call it outside", call);
     *newcomm = NULL;
+    nccl__dev_drain(comm); /* the split's exchange follows the device calls already enqueued */
 
     int n = comm->nranks, mine[2] = {color, key};
     int *all = malloc((size_t)n * 2 * sizeof(int));

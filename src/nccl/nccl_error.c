@@ -59,6 +59,7 @@ ncclResult_t nccl__result_of(braid_status st)
      * remote error. */
     case BRAID_ERR_TIMEOUT:
     case BRAID_ERR_PEER:
+    case BRAID_ERR_CORRUPT: /* data damaged between ranks (checksums on) */
         return ncclRemoteError;
     /* Ranks disagreeing on the calls, a feature this build lacks, or work
      * on an aborted communicator: all the caller's usage. */

@@ -1,13 +1,23 @@
 /* ncclGroupStart/End: a thread-local group spanning communicators.
  *
- * Each communicator used inside the group gets a braid group (opened on
- * first use), so its calls are recorded by braid itself. The outermost
- * ncclGroupEnd first creates the communicators whose init was deferred,
- * then ends every braid group: one alone runs inline; several run
- * concurrently on their groups' progress threads and are waited for
- * together, since one thread driving several ranks of a clique would
- * otherwise wait on itself. */
+ * Calls inside a group are checked and recorded per communicator; nothing
+ * runs and no buffer is touched until the outermost ncclGroupEnd (groups
+ * nest by depth). That end first creates the communicators whose init was
+ * deferred, then runs each communicator's calls as one batch
+ * (nccl__exec_start: collectives in order, then every send and receive
+ * together): a batch with device buffers goes to the communicator's device
+ * worker and completes on its streams; host batches of several
+ * communicators are started together and waited for together, since one
+ * thread driving several ranks of a clique would otherwise wait on
+ * itself.
+ *
+ * A communicator is marked in use (nccl__comm_enter) from its first
+ * recorded call to the end, so an abort from another thread waits for the
+ * group; ncclCommAbort from this thread drops its calls instead, and
+ * ncclCommDestroy from this thread is refused while calls are recorded
+ * (nccl__group_forget). */
 #include <stdlib.h>
+#include <string.h>
 
 #include "nccl_internal.h"
 
@@ -16,11 +26,19 @@ typedef struct {
     int n, cap;
 } ptr_list;
 
+/* One communicator's recorded calls. */
+typedef struct {
+    ncclComm_t comm;
+    nccl_op *ops;
+    int n, cap;
+    int device; /* some call is on device memory */
+} comm_batch;
+
 typedef struct {
     int depth;
-    ptr_list comms; /* ncclComm_t with an open braid group, first use first */
+    comm_batch *batches; /* first use first */
+    int nbatches, capbatches;
     ptr_list inits; /* ncclComm_t whose init waits for the end */
-    ptr_list frees; /* scratch to free when the group completes */
 } group_state;
 
 static _Thread_local group_state tls;
@@ -50,25 +68,66 @@ int nccl__group_active(void)
     return tls.depth > 0;
 }
 
-ncclResult_t nccl__group_join(ncclComm_t comm)
+static comm_batch *batch_of(ncclComm_t comm)
 {
-    for (int i = 0; i < tls.comms.n; i++)
-        if (tls.comms.items[i] == comm)
-            return ncclSuccess;
-    /* The open group uses the communicator until ncclGroupEnd. */
-    ncclResult_t r = nccl__comm_enter(comm, "ncclGroupStart");
-    if (r != ncclSuccess)
-        return r;
-    braid_status st = braid_group_start(comm->pg);
-    if (st != BRAID_OK) {
-        nccl__comm_leave(comm);
-        return nccl__from_braid(st, "ncclGroupStart");
+    for (int i = 0; i < tls.nbatches; i++)
+        if (tls.batches[i].comm == comm)
+            return &tls.batches[i];
+    return NULL;
+}
+
+ncclResult_t nccl__group_record(ncclComm_t comm, const nccl_op *op)
+{
+    comm_batch *b = batch_of(comm);
+    if (!b) {
+        if (tls.nbatches == tls.capbatches) {
+            int cap = tls.capbatches ? 2 * tls.capbatches : 4;
+            comm_batch *grown = realloc(tls.batches, (size_t)cap * sizeof(*grown));
+            if (!grown)
+                return nccl__fail(ncclSystemError, "%s: out of memory recording the group", op->call);
+            tls.batches = grown;
+            tls.capbatches = cap;
+        }
+        /* The group uses the communicator until ncclGroupEnd. */
+        ncclResult_t r = nccl__comm_enter(comm, op->call);
+        if (r != ncclSuccess)
+            return r;
+        b = &tls.batches[tls.nbatches++];
+        *b = (comm_batch){.comm = comm};
     }
-    if (list_push(&tls.comms, comm) != 0) {
-        braid_group_end(comm->pg, NULL); /* empty: runs nothing */
-        nccl__comm_leave(comm);
-        return nccl__fail(ncclSystemError, "ncclGroupStart: out of memory");
+    if (b->n == b->cap) {
+        int cap = b->cap ? 2 * b->cap : 8;
+        nccl_op *grown = realloc(b->ops, (size_t)cap * sizeof(*grown));
+        if (!grown)
+            return nccl__fail(ncclSystemError, "%s: out of memory recording the group", op->call);
+        b->ops = grown;
+        b->cap = cap;
     }
+    b->ops[b->n++] = *op;
+    b->device |= op->device;
+    return ncclSuccess;
+}
+
+static void batch_drop(int i)
+{
+    comm_batch *b = &tls.batches[i];
+    nccl__comm_leave(b->comm);
+    free(b->ops);
+    memmove(b, b + 1, (size_t)(tls.nbatches - i - 1) * sizeof(*b));
+    tls.nbatches--;
+}
+
+ncclResult_t nccl__group_forget(ncclComm_t comm, int abort, const char *call)
+{
+    comm_batch *b = batch_of(comm);
+    if (!b)
+        return ncclSuccess;
+    if (!abort)
+        return nccl__fail(ncclInvalidUsage,
+                          "%s inside a group that recorded %d call(s) on this communicator: they run at "
+                          "ncclGroupEnd; destroy it after that, or ncclCommAbort it (drops them)",
+                          call, b->n);
+    batch_drop((int)(b - tls.batches));
     return ncclSuccess;
 }
 
@@ -79,50 +138,66 @@ ncclResult_t nccl__group_defer_init(ncclComm_t comm)
     return ncclSuccess;
 }
 
-ncclResult_t nccl__group_keep(void *p)
-{
-    if (list_push(&tls.frees, p) != 0)
-        return nccl__fail(ncclSystemError, "ncclGroupEnd: out of memory");
-    return ncclSuccess;
-}
-
 NCCL_API ncclResult_t ncclGroupStart(void)
 {
     tls.depth++;
     return ncclSuccess;
 }
 
-/* End every communicator's braid group; returns the first failure. */
-static ncclResult_t end_comms(void)
+/* Run every communicator's batch; returns the first failure. */
+static ncclResult_t run_batches(void)
 {
-    int n = tls.comms.n;
-    ncclResult_t r = ncclSuccess;
-    if (n == 1) {
-        ncclComm_t comm = tls.comms.items[0];
-        return nccl__from_braid(braid_group_end(comm->pg, NULL), "ncclGroupEnd");
+    int n = tls.nbatches;
+    ncclResult_t r = ncclSuccess, e;
+    if (n <= 0)
+        return r;
+    /* Device batches first: they only enqueue. */
+    for (int i = 0; i < n; i++) {
+        comm_batch *b = &tls.batches[i];
+        if (b->device && (e = nccl__dev_submit(b->comm, b->ops, b->n)) != ncclSuccess && r == ncclSuccess)
+            r = e;
     }
-    braid_work **works = calloc((size_t)n, sizeof(*works));
-    if (!works) {
-        /* Still end them all, one at a time, so none stays open. */
-        r = nccl__fail(ncclSystemError, "ncclGroupEnd: out of memory for %d communicators", n);
-        for (int i = 0; i < n; i++)
-            braid_group_end(((ncclComm_t)tls.comms.items[i])->pg, NULL);
+    int nhost = 0;
+    for (int i = 0; i < n; i++)
+        nhost += !tls.batches[i].device;
+    if (nhost == 1) {
+        for (int i = 0; i < n; i++) {
+            comm_batch *b = &tls.batches[i];
+            if (b->device)
+                continue;
+            nccl__dev_drain(b->comm);
+            if ((e = nccl__exec_start(b->comm, b->ops, b->n, NULL)) != ncclSuccess && r == ncclSuccess)
+                r = e;
+        }
         return r;
     }
-    for (int i = 0; i < n; i++) {
-        braid_status st = braid_group_end(((ncclComm_t)tls.comms.items[i])->pg, &works[i]);
-        if (st != BRAID_OK && r == ncclSuccess)
-            r = nccl__from_braid(st, "ncclGroupEnd");
+    braid_work **works = calloc((size_t)n, sizeof(*works));
+    if (!works && nhost)
+        return nccl__fail(ncclSystemError, "ncclGroupEnd: out of memory for %d communicators", n);
+    int *started = calloc((size_t)n, sizeof(*started));
+    if (!started && nhost) {
+        free(works);
+        return nccl__fail(ncclSystemError, "ncclGroupEnd: out of memory for %d communicators", n);
     }
     for (int i = 0; i < n; i++) {
-        if (!works[i])
+        comm_batch *b = &tls.batches[i];
+        if (b->device)
             continue;
-        braid_status st = braid_wait(works[i], -1);
-        if (st != BRAID_OK && r == ncclSuccess)
-            r = nccl__from_braid(st, "ncclGroupEnd");
-        braid_work_free(works[i]);
+        nccl__dev_drain(b->comm);
+        e = nccl__exec_start(b->comm, b->ops, b->n, &works[i]);
+        started[i] = e == ncclSuccess;
+        if (e != ncclSuccess && r == ncclSuccess)
+            r = e;
+    }
+    for (int i = 0; i < n; i++) {
+        if (!started || !started[i])
+            continue;
+        comm_batch *b = &tls.batches[i];
+        if ((e = nccl__exec_finish(works[i], b->ops, b->n)) != ncclSuccess && r == ncclSuccess)
+            r = e;
     }
     free(works);
+    free(started);
     return r;
 }
 
@@ -135,17 +210,16 @@ NCCL_API ncclResult_t ncclGroupEnd(void)
     ncclResult_t r = ncclSuccess;
     if (tls.inits.n)
         r = nccl__comm_init_run_all((ncclComm_t *)tls.inits.items, tls.inits.n);
-    if (tls.comms.n) {
-        ncclResult_t e = end_comms();
+    if (tls.nbatches) {
+        ncclResult_t e = run_batches();
         if (r == ncclSuccess)
             r = e;
     }
-    for (int i = 0; i < tls.comms.n; i++)
-        nccl__comm_leave(tls.comms.items[i]);
-    for (int i = 0; i < tls.frees.n; i++)
-        free(tls.frees.items[i]);
-    list_clear(&tls.comms);
+    while (tls.nbatches)
+        batch_drop(tls.nbatches - 1);
+    free(tls.batches);
+    tls.batches = NULL;
+    tls.capbatches = 0;
     list_clear(&tls.inits);
-    list_clear(&tls.frees);
     return r;
 }

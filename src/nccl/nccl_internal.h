@@ -28,6 +28,36 @@ typedef struct {
     unsigned char scalar[8]; /* ncclScalarHostImmediate: read at creation */
 } nccl_premul;
 
+typedef enum {
+    NCCL_OP_ALLREDUCE,
+    NCCL_OP_REDUCE,
+    NCCL_OP_REDUCE_SCATTER,
+    NCCL_OP_ALLGATHER,
+    NCCL_OP_BROADCAST,
+    NCCL_OP_SEND,
+    NCCL_OP_RECV,
+} nccl_op_kind;
+
+/* One checked call, as recorded: run at once, at ncclGroupEnd, or by the
+ * communicator's device worker. Buffers are the caller's until it runs. */
+typedef struct {
+    nccl_op_kind kind;
+    const char *call; /* "ncclAllReduce" ... */
+    const void *send; /* NULL where the call reads nothing */
+    void *recv;       /* NULL where the call writes nothing */
+    size_t count;     /* NCCL's count: per rank for all-gather and reduce-scatter */
+    braid_dtype dtype;
+    braid_op op;
+    nccl_premul pm;   /* pm.used: inputs are scaled by pm.scalar first */
+    int root;         /* root, or peer of a send/receive */
+    cudaStream_t stream;
+    int device;       /* 1: send or recv is CUDA device memory */
+    void *scratch;    /* the PreMulSum copy while it runs (nccl_exec.c) */
+} nccl_op;
+
+/* A communicator's device worker (nccl_dev.c). */
+typedef struct nccl_worker nccl_worker;
+
 struct ncclComm {
     braid_pg *pg; /* NULL until init completes (deferred in a group) */
     int rank, nranks, cuda_dev;
@@ -43,9 +73,16 @@ struct ncclComm {
     atomic_int inflight;
     atomic_int aborting;
 
-    pthread_mutex_t mu; /* guards redops */
+    pthread_mutex_t mu; /* guards redops and worker creation */
     nccl_premul *redops;
     int nredops;
+
+    /* Runs the calls on device buffers in issue order, created by the
+     * first one; NULL until then. */
+    nccl_worker *worker;
+    /* First failure of work that ran after its call returned (device
+     * worker): ncclCommGetAsyncError reports it. */
+    atomic_int async_error;
 };
 
 /* ---- errors (nccl_error.c) ---- */
@@ -86,20 +123,65 @@ ncclResult_t nccl__comm_init_run_all(ncclComm_t *comms, int n);
 /* 1 while this thread is inside ncclGroupStart/End. */
 int nccl__group_active(void);
 
-/* Inside a group: make sure comm's braid group is open (first use). */
-ncclResult_t nccl__group_join(ncclComm_t comm);
+/* Inside a group: record op (checked) for comm; it runs at the outermost
+ * ncclGroupEnd. */
+ncclResult_t nccl__group_record(ncclComm_t comm, const nccl_op *op);
+
+/* ncclCommDestroy/ncclCommAbort/ncclCommFinalize of a communicator inside
+ * this thread's open group. ncclSuccess when the group recorded nothing on
+ * it. Else abort: drop its recorded calls and release it from the group
+ * (ncclSuccess); not abort: ncclInvalidUsage (text set), group unchanged. */
+ncclResult_t nccl__group_forget(ncclComm_t comm, int abort, const char *call);
 
 /* Inside a group: init of comm deferred to ncclGroupEnd. */
 ncclResult_t nccl__group_defer_init(ncclComm_t comm);
 
-/* Inside a group: free p (scratch a recorded call reads) when the group
- * completes. On failure p is the caller's to free. */
-ncclResult_t nccl__group_keep(void *p);
+/* ---- running calls on host memory (nccl_exec.c) ---- */
+
+/* Bytes op reads from send and writes to recv on this rank (0 for a
+ * buffer the call does not use here). */
+size_t nccl__op_send_bytes(const nccl_op *op, int rank, int nranks);
+size_t nccl__op_recv_bytes(const nccl_op *op, int rank, int nranks);
+
+/* Start ops (host memory, or staged copies of it) on comm: one call alone
+ * as it is, several as one braid group with the collectives in issue
+ * order, then every send and receive progressed together, as NCCL
+ * schedules a group. work == NULL blocks; else *work is the handle (NULL
+ * when nothing was started) and nccl__exec_finish must follow. */
+ncclResult_t nccl__exec_start(ncclComm_t comm, nccl_op *ops, int n, braid_work **work);
+
+/* Wait for work (may be NULL) and release the ops' scratch. */
+ncclResult_t nccl__exec_finish(braid_work *work, nccl_op *ops, int n);
+
+/* ---- device buffers (nccl_dev.c; nccl_dev_stub.c without CUDA) ---- */
+
+/* 1 when p is CUDA device memory this build can stage; 0 for host,
+ * managed or unknown memory. */
+int nccl__dev_is_device(const void *p);
+
+/* Fail with ncclInvalidUsage when p is device memory this build cannot
+ * move (built without CUDA); ncclSuccess otherwise. */
+ncclResult_t nccl__dev_check(const void *p, const char *what, const char *call);
+
+/* Enqueue ops (n >= 1, at least one on device memory) on comm's worker:
+ * ordered after the work queued on each op's stream before this call,
+ * and each of those streams waits for them. Returns once enqueued. */
+ncclResult_t nccl__dev_submit(ncclComm_t comm, const nccl_op *ops, int n);
+
+/* Block until comm's worker has run everything enqueued so far (no-op
+ * without a worker), so that a host call is issued after them. */
+void nccl__dev_drain(ncclComm_t comm);
+
+/* Stop comm's worker (after drain or abort) and free it. */
+void nccl__dev_stop(ncclComm_t comm);
+
+/* Text of the worker's first failure (ncclCommGetAsyncError), or NULL. */
+const char *nccl__dev_error(ncclComm_t comm);
 
 /* ---- memory and streams (nccl_mem.c) ---- */
 
-/* Fail with ncclInvalidUsage when p is CUDA device memory: this build
- * moves host memory only. */
+/* Fail with ncclInvalidUsage when p is CUDA device memory: used where
+ * this build has no device path (driver probe, no CUDA in the build). */
 ncclResult_t nccl__check_host(const void *p, const char *what, const char *call);
 
 /* Order a host-memory operation after the work queued on stream: wait for
@@ -112,7 +194,9 @@ ncclResult_t nccl__read_scalar(void *dst, const void *src, size_t bytes, const c
 /* ---- operators and types (nccl_redop.c) ---- */
 
 /* Map a datatype; `reducing` with op: unsigned 32/64-bit types reduce
- * only where two's complement gives the same bits (sum, prod, pre-mul sum). */
+ * only where two's complement gives the same bits (sum, prod, pre-mul sum);
+ * other ops on them are ncclInvalidUsage, an invalid datatype
+ * ncclInvalidArgument. */
 ncclResult_t nccl__map_dtype(ncclDataType_t t, int reducing, ncclRedOp_t op, braid_dtype *out, const char *call);
 
 /* A built-in op, or a PreMulSum of comm: then premul gets a copy of it

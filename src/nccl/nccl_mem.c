@@ -1,7 +1,9 @@
-/* Memory and streams. This build moves host memory; a CUDA program may
- * still call it with host buffers and real streams. Both need a look at
- * the CUDA driver, which is only used when the program has already loaded
- * it (RTLD_NOLOAD): a process without libcuda.so.1 has no device memory
+/* Host memory and streams: telling device memory apart where the build
+ * has no device path (nccl_dev_stub.c), waiting for a stream before a
+ * host call reads its buffers, reading a device PreMulSum scalar, and the
+ * calling thread's device. A CUDA program may call with host buffers and
+ * real streams. All of it needs a look at the CUDA driver, which is only
+ * used when the program has already loaded it (RTLD_NOLOAD): a process without libcuda.so.1 has no device memory
  * and no streams, and a CPU-only run never loads CUDA because of us. The
  * driver API (not the runtime) is used because nvcc links the runtime
  * statically by default, so libcudart may not exist as a library at all. */
@@ -11,6 +13,9 @@
 #include <string.h>
 
 #include "nccl_internal.h"
+#if defined(BRAID_HAVE_CUDA)
+#include "braid_cuda.h"
+#endif
 
 #define CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
 #define CU_POINTER_ATTRIBUTE_IS_MANAGED 8
@@ -82,8 +87,8 @@ ncclResult_t nccl__check_host(const void *p, const char *what, const char *call)
     const cuda_driver *d = driver();
     if (d && is_device_only(d, p))
         return nccl__fail(ncclInvalidUsage,
-                          "%s: %s %p is CUDA device memory; this libnccl.so.2 (braid) moves host memory only: "
-                          "pass host or managed buffers",
+                          "%s: %s %p is CUDA device memory, but this libnccl.so.2 (braid) was built without "
+                          "CUDA and moves host memory only: pass host or managed buffers, or use a CUDA build",
                           call, what, p);
     return ncclSuccess;
 }
@@ -92,6 +97,11 @@ ncclResult_t nccl__stream_sync(cudaStream_t stream, const char *call)
 {
     if (!stream)
         return ncclSuccess;
+#if defined(BRAID_HAVE_CUDA)
+    /* A CUDA build has its own runtime: no need for the program's driver. */
+    if (braid__cuda_available())
+        return nccl__from_braid(braid__cuda_stream_sync((void *)stream), call);
+#endif
     const cuda_driver *d = driver();
     if (!d)
         return nccl__fail(ncclInvalidArgument,
@@ -126,22 +136,4 @@ int nccl__current_device(void)
     if (d && d->ctx_get_device && d->ctx_get_device(&dev) == 0)
         return dev;
     return -1; /* no CUDA context on this thread */
-}
-
-NCCL_API ncclResult_t ncclMemAlloc(void **ptr, size_t size)
-{
-    if (!ptr)
-        return nccl__fail(ncclInvalidArgument, "ncclMemAlloc: ptr is NULL");
-    void *p = NULL;
-    /* Page alignment, like NCCL's granularity, and never a NULL success. */
-    if (posix_memalign(&p, 4096, size ? size : 1) != 0)
-        return nccl__fail(ncclSystemError, "ncclMemAlloc: cannot allocate %zu bytes of host memory", size);
-    *ptr = p;
-    return ncclSuccess;
-}
-
-NCCL_API ncclResult_t ncclMemFree(void *ptr)
-{
-    free(ptr);
-    return ncclSuccess;
 }

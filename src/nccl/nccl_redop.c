@@ -3,7 +3,9 @@
  * braid has no unsigned 32/64-bit types. Moving them is moving bytes, and
  * sum and product in two's complement are the same bits as unsigned
  * arithmetic modulo 2^n, so those map onto the signed types; max, min and
- * avg would compare or divide as signed and are refused instead.
+ * avg would compare or divide as signed and are refused instead, with
+ * ncclInvalidUsage: a valid NCCL call that braid cannot do. Values outside
+ * NCCL's enums (and PreMulSum misuse) are ncclInvalidArgument, as in NCCL.
  *
  * PreMulSum multiplies each rank's input by a scalar, then sums: the
  * products go into a scaled copy (rounded once per element, to nearest
@@ -38,7 +40,7 @@ ncclResult_t nccl__map_dtype(ncclDataType_t t, int reducing, ncclRedOp_t op, bra
     if ((unsigned)t >= ncclNumTypes)
         return nccl__fail(ncclInvalidArgument, "%s: invalid datatype %d", call, (int)t);
     if (reducing && (t == ncclUint32 || t == ncclUint64) && (op == ncclMax || op == ncclMin || op == ncclAvg))
-        return nccl__fail(ncclInvalidArgument,
+        return nccl__fail(ncclInvalidUsage,
                           "%s: %s with %s is not supported: braid reduces unsigned 32/64-bit values only with "
                           "ncclSum, ncclProd or PreMulSum (its engine compares and divides them as signed)",
                           call, op_name(op), dtype_name(t));

@@ -4,8 +4,10 @@
  * cudaPointerGetAttributes reports as device memory, and every stream is a
  * worker thread running its queue in order (copies after a random short
  * delay), so the staging layer's stream, event and host-function ordering
- * is exercised on machines without a GPU. Not a CUDA emulator: no kernels,
- * one device, no legacy-stream implicit synchronization. */
+ * is exercised on machines without a GPU. Not a CUDA emulator: the only
+ * "kernel" is braid__cuda_reduce, run by the CPU engine as a stream
+ * operation (tests/cuda_fake.c); one device, no legacy-stream implicit
+ * synchronization. */
 #ifndef BRAID_CUDA_FAKE_RUNTIME_API_H
 #define BRAID_CUDA_FAKE_RUNTIME_API_H
 

@@ -19,6 +19,7 @@
 #include "braid_transport.h"
 
 #define BRAID_TCP_MAX_SOCKS 64
+#define BRAID_TCP_DEFAULT_SOCKS 2 /* per peer across a network (BRAID_NSOCKS unset) */
 #define BRAID_TCP_STRIPE_MIN (64 * 1024)
 #define BRAID_TCP_STRIPE_ALIGN 4096
 #define BRAID_TCP_HDR_BYTES 8

@@ -23,6 +23,7 @@
 #define DRAIN_MAX_MS 2000 /* goodbye and in-flight chunks, at close */
 #define FLUSH_MAX_MS 1000 /* flushed completions after ERR */
 #define READY_BYTE 'R'
+#define FAILED_BYTE 'F' /* instead of READY_BYTE: our queue pair did not reach RTS */
 
 braid_status braid__verbs_conn_failed(braid_verbs_conn *c, braid_status st)
 {
@@ -209,6 +210,17 @@ static braid_status check_info(braid_verbs_conn *c, braid_verbs_info *remote)
     return BRAID_OK;
 }
 
+size_t braid__verbs_conn_pinned_bytes(void)
+{
+    long long n = braid__param_int("BRAID_IB_SLOTS", DEFAULT_SLOTS);
+    long long b = braid__param_int("BRAID_IB_SLOT_BYTES", DEFAULT_SLOT_BYTES);
+    if (n < 1 || n > BRAID_VERBS_MAX_SLOTS)
+        n = DEFAULT_SLOTS; /* connect() reports the bad setting */
+    if (b < BRAID_VERBS_MIN_SLOT_BYTES || b > BRAID_VERBS_MAX_SLOT_BYTES)
+        b = DEFAULT_SLOT_BYTES;
+    return 2 * (size_t)n * (size_t)b; /* receive ring + send staging ring (the peer's geometry, same settings) */
+}
+
 /* Their set-up message is in: staging ring, engine, RTR, RTS. */
 static braid_status connect_qp(braid_verbs_conn *c)
 {
@@ -272,7 +284,15 @@ braid_status braid__verbs_conn_handshake(braid_verbs_conn *c, int *moved)
         BRAID_CHECK_GOTO(o->ops->test(&c->hs_recv, &done), st, err_failed);
         if (!done)
             return BRAID_OK;
-        BRAID_CHECK_GOTO(connect_qp(c), st, err_failed);
+        st = connect_qp(c);
+        if (st != BRAID_OK) {
+            /* Tell the peer instead of leaving it waiting for our ready
+             * byte: both ends fail the connection, and so the group. */
+            c->ready_out = FAILED_BYTE;
+            if (o->ops->isend(o, &c->ready_send, &c->ready_out, 1) == BRAID_OK)
+                (void)o->ops->test(&c->ready_send, &done);
+            goto err_failed;
+        }
         /* Our queue pair can receive now; say so. Neither side writes
          * before hearing this from the other. */
         c->ready_out = READY_BYTE;
@@ -286,6 +306,13 @@ braid_status braid__verbs_conn_handshake(braid_verbs_conn *c, int *moved)
         BRAID_CHECK_GOTO(o->ops->test(&c->ready_recv, &done), st, err_failed);
         if (!done)
             return BRAID_OK;
+        if (c->ready_in == FAILED_BYTE) {
+            st = braid__error(BRAID_ERR_PEER,
+                              "rank %d: peer %d could not connect its verbs queue pair to ours (its error names the "
+                              "ibv status); the group cannot use verbs between us",
+                              c->rank, c->base.peer);
+            goto err_failed;
+        }
         if (c->ready_in != READY_BYTE) {
             st = braid__error(BRAID_ERR_PEER, "rank %d: peer %d sent 0x%02x instead of the verbs ready message",
                               c->rank, c->base.peer, c->ready_in);

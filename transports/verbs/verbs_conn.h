@@ -4,7 +4,8 @@
  *
  * Set-up never waits for the peer's application: connect() and accept()
  * create the queue pair and send our set-up message, then return; the rest
- * of the handshake (their message, RTR/RTS, a ready byte each way) moves
+ * of the handshake (their message, RTR/RTS, a ready byte each way, or a
+ * failed byte from a side whose queue pair did not reach RTS) moves
  * whenever the connection is used, and transfers posted meanwhile wait in
  * order. A blocking exchange inside connect() would deadlock a ring whose
  * every rank dials its successor before accepting its predecessor.
@@ -81,6 +82,10 @@ static inline braid_verbs_conn *braid_verbs_conn_of(braid_conn *conn)
  * set-up message is on its way. */
 braid_status braid__verbs_conn_setup(const braid_transport_ctx *ctx, int peer, braid_conn *oob, int64_t deadline_ms,
                                      braid_conn **conn);
+
+/* Bytes one connection registers (pins) for its two rings with the
+ * current BRAID_IB_SLOTS and BRAID_IB_SLOT_BYTES. */
+size_t braid__verbs_conn_pinned_bytes(void);
 
 /* Move the handshake as far as it goes without blocking; at UP hand the
  * waiting transfers to the engine. *moved when the state changed. */

@@ -1,15 +1,19 @@
 /* Device discovery and the process-wide device (see verbs_dev.h). */
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/capability.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "log.h"
 #include "param.h"
 #include "status.h"
+#include "verbs_conn.h"
 #include "verbs_dev.h"
 #include "verbs_proto.h"
 
@@ -280,6 +284,36 @@ out_free:
     return st;
 }
 
+/* Whether this thread may lock memory past RLIMIT_MEMLOCK (CAP_IPC_LOCK,
+ * as root usually has). */
+static int can_lock_any(void)
+{
+    struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+    struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3];
+    memset(data, 0, sizeof(data));
+    if (syscall(SYS_capget, &hdr, data) != 0)
+        return 0;
+    return (data[CAP_IPC_LOCK / 32].effective >> (CAP_IPC_LOCK % 32)) & 1;
+}
+
+/* Registration pins pages, which RLIMIT_MEMLOCK caps: below one
+ * connection's rings every connection would fail at set-up, so the device
+ * counts as unusable and the group falls back before trying. */
+static braid_status memlock_check(char *why, size_t why_len)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY || can_lock_any())
+        return BRAID_OK;
+    size_t need = braid__verbs_conn_pinned_bytes();
+    if ((unsigned long long)rl.rlim_cur >= need)
+        return BRAID_OK;
+    snprintf(why, why_len,
+             "RLIMIT_MEMLOCK is %llu KiB, need %zu KiB per connection (BRAID_IB_SLOTS x BRAID_IB_SLOT_BYTES x 2); "
+             "raise ulimit -l",
+             (unsigned long long)rl.rlim_cur / 1024, need / 1024);
+    return BRAID_ERR_UNSUPPORTED;
+}
+
 braid_status braid__verbs_probe(char *why, size_t why_len)
 {
     found_port f;
@@ -290,7 +324,7 @@ braid_status braid__verbs_probe(char *why, size_t why_len)
         return st;
     }
     ibv_close_device(f.ctx);
-    return BRAID_OK;
+    return memlock_check(why, why_len);
 }
 
 /* ---- the shared device --------------------------------------------------- */

@@ -1,0 +1,508 @@
+/* Device buffers, CUDA build: NCCL's stream semantics on top of braid.
+ *
+ * A call (or a group's batch) on CUDA device memory becomes a job on the
+ * communicator's device worker, a thread that runs the jobs in issue
+ * order. At submission, on each stream the batch names:
+ *
+ *   - an event `ready` is recorded: the job sees exactly the work queued
+ *     on the stream before the call;
+ *   - a host function (cudaLaunchHostFunc) is queued that waits until the
+ *     job is done with the buffers: later work on the stream sees the
+ *     result, and cudaStreamSynchronize(stream) returns after it.
+ *
+ * The call then returns. The worker makes its own non-blocking stream wait
+ * for every `ready`, copies the device inputs down into host memory,
+ * runs the batch there with braid's host collectives (nccl__exec_start:
+ * the same code as host calls), copies the outputs back up, waits for
+ * those copies, and opens the gate. The host function only waits on a
+ * condition variable (CUDA forbids CUDA calls there); the worker's stream
+ * is non-blocking, so a caller stream held by the gate never holds it up.
+ * This is the design of braid's own device path (cuda/hmem_cuda.c,
+ * docs/CUDA.md), which covers all-reduce and broadcast outside groups
+ * only; the worker covers every NCCL call and groups.
+ *
+ * Host calls on the same communicator wait for the worker to be idle
+ * first (nccl__dev_drain), so braid sees every call in issue order.
+ *
+ * A job that fails still opens its gate (the buffers are then undefined)
+ * and leaves its code in ncclCommGetAsyncError, as NCCL reports errors of
+ * work that ran after its call returned. CUDA runtime: braid's (linked
+ * statically into libnccl.so.2 with the rest of braid); the runtime
+ * shares the driver's primary context with the program's own runtime. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "braid_cuda.h"
+#include "nccl_internal.h"
+
+/* A batch on the worker's queue. */
+typedef struct nccl_job {
+    struct nccl_job *next;
+    nccl_op *ops;
+    int n;
+    int nstreams;
+    cudaStream_t *streams; /* the distinct streams of ops */
+    cudaEvent_t *ready;    /* one per stream, recorded at submission */
+    /* The gate, shared with the host functions on the streams; whoever
+     * lets go last frees the job. */
+    atomic_int refs;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int open;
+} nccl_job;
+
+struct nccl_worker {
+    ncclComm_t comm;
+    int device;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* a job queued, stop, or the queue ran empty */
+    nccl_job *head, *tail;
+    int busy; /* a job is running */
+    int stop;
+    cudaStream_t stream; /* the worker's own, non-blocking */
+    char error[512];     /* text of the first failed job */
+};
+
+int nccl__dev_is_device(const void *p)
+{
+    return p && braid__cuda_ptr_kind(p, NULL) == BRAID_CUDA_PTR_DEVICE;
+}
+
+ncclResult_t nccl__dev_check(const void *p, const char *what, const char *call)
+{
+    (void)p;
+    (void)what;
+    (void)call;
+    return ncclSuccess; /* every kind of memory has a path here */
+}
+
+/* ---- the gate ------------------------------------------------------------ */
+
+static void job_unref(nccl_job *job)
+{
+    if (atomic_fetch_sub(&job->refs, 1) != 1)
+        return;
+    pthread_mutex_destroy(&job->mu);
+    pthread_cond_destroy(&job->cv);
+    free(job->ops);
+    free(job->streams);
+    free(job->ready);
+    free(job);
+}
+
+static void gate_open(nccl_job *job)
+{
+    pthread_mutex_lock(&job->mu);
+    job->open = 1;
+    pthread_cond_broadcast(&job->cv);
+    pthread_mutex_unlock(&job->mu);
+}
+
+/* On CUDA's callback thread, in a caller's stream. No CUDA calls here. */
+static void CUDART_CB gate_wait(void *arg)
+{
+    nccl_job *job = arg;
+    pthread_mutex_lock(&job->mu);
+    while (!job->open)
+        pthread_cond_wait(&job->cv, &job->mu);
+    pthread_mutex_unlock(&job->mu);
+    job_unref(job);
+}
+
+/* The job's end: events released, streams let go, the job's own ref dropped. */
+static void job_done(nccl_job *job)
+{
+    for (int i = 0; i < job->nstreams; i++)
+        if (job->ready[i])
+            (void)cudaEventDestroy(job->ready[i]);
+    (void)cudaGetLastError();
+    gate_open(job);
+    job_unref(job);
+}
+
+/* ---- the worker ------------------------------------------------------------ */
+
+/* Keep the first failure (the worker is its only writer: text first). */
+static void worker_fail(nccl_worker *w, ncclResult_t r)
+{
+    if (atomic_load(&w->comm->async_error) != ncclSuccess)
+        return;
+    snprintf(w->error, sizeof(w->error), "%s", ncclGetLastError(NULL));
+    atomic_store(&w->comm->async_error, (int)r);
+}
+
+static ncclResult_t cuda_fail(cudaError_t err, const char *what, const char *call)
+{
+    (void)cudaGetLastError();
+    return nccl__fail(err == cudaErrorMemoryAllocation ? ncclSystemError : ncclUnhandledCudaError,
+                      "%s: device worker: %s failed: %s", call, what, cudaGetErrorString(err));
+}
+
+/* A stretch of device memory staged in host memory while a job runs.
+ * The ops' device ranges are merged where they overlap, so ops of one
+ * group that share memory (in place, or one reading what an earlier one
+ * wrote) share the host copy too and see each other's results, as they
+ * would on the device. */
+typedef struct {
+    const char *lo, *hi; /* device range [lo, hi) */
+    char *host;
+    int input; /* some op reads from it: copy it down */
+} region;
+
+static int region_order(const void *a, const void *b)
+{
+    const region *x = a, *y = b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+static char *host_of(region *rs, int nr, const void *p)
+{
+    for (int i = 0; i < nr; i++)
+        if ((const char *)p >= rs[i].lo && (const char *)p < rs[i].hi)
+            return rs[i].host + ((const char *)p - rs[i].lo);
+    return NULL;
+}
+
+static ncclResult_t run_job(nccl_worker *w, nccl_job *job)
+{
+    ncclComm_t comm = w->comm;
+    const char *call = job->n == 1 ? job->ops[0].call : "ncclGroupEnd";
+    if (!w->stream)
+        return nccl__fail(ncclUnhandledCudaError, "%s: the device worker has no stream: %s", call, w->error);
+    cudaError_t err = cudaSuccess;
+    for (int i = 0; i < job->nstreams && err == cudaSuccess; i++)
+        err = cudaStreamWaitEvent(w->stream, job->ready[i], 0);
+    if (err != cudaSuccess)
+        return cuda_fail(err, "cudaStreamWaitEvent", call);
+
+    nccl_op *host = calloc((size_t)job->n, sizeof(*host));
+    region *rs = calloc((size_t)job->n * 2, sizeof(*rs));
+    if (!host || !rs) {
+        free(host);
+        free(rs);
+        return nccl__fail(ncclSystemError, "%s: out of memory", call);
+    }
+    int nr = 0;
+    for (int i = 0; i < job->n; i++) {
+        const nccl_op *op = &job->ops[i];
+        size_t sb = nccl__op_send_bytes(op, comm->rank, comm->nranks);
+        size_t rb = nccl__op_recv_bytes(op, comm->rank, comm->nranks);
+        if (sb && nccl__dev_is_device(op->send))
+            rs[nr++] = (region){(const char *)op->send, (const char *)op->send + sb, NULL, 1};
+        if (rb && nccl__dev_is_device(op->recv))
+            rs[nr++] = (region){(const char *)op->recv, (const char *)op->recv + rb, NULL, 0};
+    }
+    qsort(rs, (size_t)nr, sizeof(*rs), region_order);
+    int merged = 0;
+    for (int i = 0; i < nr; i++) {
+        if (merged && rs[i].lo < rs[merged - 1].hi) {
+            region *m = &rs[merged - 1];
+            m->hi = rs[i].hi > m->hi ? rs[i].hi : m->hi;
+            m->input |= rs[i].input;
+        } else {
+            rs[merged++] = rs[i];
+        }
+    }
+    nr = merged;
+
+    /* Down: the ranges some op reads (output-only ranges are overwritten). */
+    ncclResult_t r = ncclSuccess;
+    for (int i = 0; i < nr && r == ncclSuccess; i++) {
+        size_t len = (size_t)(rs[i].hi - rs[i].lo);
+        if (!(rs[i].host = malloc(len)))
+            r = nccl__fail(ncclSystemError, "%s: out of memory staging %zu bytes of device memory", call, len);
+        else if (rs[i].input &&
+                 (err = cudaMemcpyAsync(rs[i].host, rs[i].lo, len, cudaMemcpyDeviceToHost, w->stream)) != cudaSuccess)
+            r = cuda_fail(err, "cudaMemcpyAsync (device to host)", call);
+    }
+    /* Whatever was queued must finish before the copies are read or freed. */
+    err = cudaStreamSynchronize(w->stream);
+    if (r == ncclSuccess && err != cudaSuccess)
+        r = cuda_fail(err, "cudaStreamSynchronize", call);
+
+    for (int i = 0; i < job->n; i++) {
+        const nccl_op *op = &job->ops[i];
+        host[i] = *op;
+        host[i].stream = NULL; /* held by our gate: never wait for it here */
+        host[i].device = 0;
+        char *hs = op->send ? host_of(rs, nr, op->send) : NULL, *hr = op->recv ? host_of(rs, nr, op->recv) : NULL;
+        if (hs && nccl__op_send_bytes(op, comm->rank, comm->nranks))
+            host[i].send = hs;
+        if (hr && nccl__op_recv_bytes(op, comm->rank, comm->nranks))
+            host[i].recv = hr;
+    }
+    if (r == ncclSuccess)
+        r = nccl__exec_start(comm, host, job->n, NULL);
+
+    /* Up: every op's output range, from the shared copies. */
+    for (int i = 0; i < job->n && r == ncclSuccess; i++) {
+        const nccl_op *op = &job->ops[i];
+        size_t rb = nccl__op_recv_bytes(op, comm->rank, comm->nranks);
+        char *hr = rb && op->recv ? host_of(rs, nr, op->recv) : NULL;
+        if (hr && (err = cudaMemcpyAsync(op->recv, hr, rb, cudaMemcpyHostToDevice, w->stream)) != cudaSuccess)
+            r = cuda_fail(err, "cudaMemcpyAsync (host to device)", call);
+    }
+    err = cudaStreamSynchronize(w->stream);
+    if (r == ncclSuccess && err != cudaSuccess)
+        r = cuda_fail(err, "cudaStreamSynchronize", call);
+    for (int i = 0; i < nr; i++)
+        free(rs[i].host);
+    free(rs);
+    free(host);
+    return r;
+}
+
+static void *worker_main(void *arg)
+{
+    nccl_worker *w = arg;
+    cudaError_t err = cudaSetDevice(w->device);
+    if (err == cudaSuccess)
+        err = cudaStreamCreateWithFlags(&w->stream, cudaStreamNonBlocking);
+    if (err != cudaSuccess) {
+        w->stream = NULL;
+        (void)cudaGetLastError();
+        snprintf(w->error, sizeof(w->error), "cannot create a stream on device %d: %s", w->device,
+                 cudaGetErrorString(err));
+    }
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (!w->head && !w->stop)
+            pthread_cond_wait(&w->cv, &w->mu);
+        nccl_job *job = w->head;
+        if (!job)
+            break; /* stop, and the queue is empty */
+        w->head = job->next;
+        if (!w->head)
+            w->tail = NULL;
+        w->busy = 1;
+        pthread_mutex_unlock(&w->mu);
+        ncclResult_t r = run_job(w, job);
+        if (r != ncclSuccess)
+            worker_fail(w, r);
+        job_done(job);
+        pthread_mutex_lock(&w->mu);
+        w->busy = 0;
+        pthread_cond_broadcast(&w->cv);
+    }
+    pthread_mutex_unlock(&w->mu);
+    if (w->stream)
+        (void)cudaStreamDestroy(w->stream);
+    (void)cudaGetLastError();
+    return NULL;
+}
+
+/* comm's worker, started on first use; on `device` for its life. */
+static ncclResult_t worker_get(ncclComm_t comm, int device, const char *call, nccl_worker **out)
+{
+    ncclResult_t r = ncclSuccess;
+    pthread_mutex_lock(&comm->mu);
+    nccl_worker *w = comm->worker;
+    if (w && w->device != device) {
+        r = nccl__fail(ncclInvalidUsage,
+                       "%s: buffers on device %d, but this communicator's device calls run on device %d: use "
+                       "one device per communicator, as NCCL does",
+                       call, device, w->device);
+    } else if (!w) {
+        w = calloc(1, sizeof(*w));
+        if (!w) {
+            r = nccl__fail(ncclSystemError, "%s: out of memory", call);
+        } else {
+            w->comm = comm;
+            w->device = device;
+            pthread_mutex_init(&w->mu, NULL);
+            pthread_cond_init(&w->cv, NULL);
+            if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
+                pthread_mutex_destroy(&w->mu);
+                pthread_cond_destroy(&w->cv);
+                free(w);
+                w = NULL;
+                r = nccl__fail(ncclSystemError, "%s: cannot start the device worker thread", call);
+            } else {
+                comm->worker = w;
+            }
+        }
+    }
+    pthread_mutex_unlock(&comm->mu);
+    *out = w;
+    return r;
+}
+
+/* The device of the batch's first device buffer. */
+static int batch_device(ncclComm_t comm, const nccl_op *ops, int n)
+{
+    for (int i = 0; i < n; i++) {
+        const void *p[2] = {nccl__op_send_bytes(&ops[i], comm->rank, comm->nranks) ? ops[i].send : NULL,
+                            nccl__op_recv_bytes(&ops[i], comm->rank, comm->nranks) ? ops[i].recv : NULL};
+        for (int k = 0; k < 2; k++) {
+            int dev = -1;
+            if (p[k] && braid__cuda_ptr_kind(p[k], &dev) == BRAID_CUDA_PTR_DEVICE)
+                return dev;
+        }
+    }
+    return -1;
+}
+
+ncclResult_t nccl__dev_submit(ncclComm_t comm, const nccl_op *ops, int n)
+{
+    const char *call = n == 1 ? ops[0].call : "ncclGroupEnd";
+    int device = batch_device(comm, ops, n);
+    if (device < 0)
+        return nccl__fail(ncclInternalError, "%s: no device buffer in a device batch", call);
+    nccl_worker *w;
+    ncclResult_t r = worker_get(comm, device, call, &w);
+    if (r != ncclSuccess)
+        return r;
+
+    nccl_job *job = calloc(1, sizeof(*job));
+    if (!job)
+        return nccl__fail(ncclSystemError, "%s: out of memory", call);
+    job->ops = malloc((size_t)n * sizeof(*job->ops));
+    job->streams = malloc((size_t)n * sizeof(*job->streams));
+    job->ready = calloc((size_t)n, sizeof(*job->ready));
+    if (!job->ops || !job->streams || !job->ready) {
+        free(job->ops);
+        free(job->streams);
+        free(job->ready);
+        free(job);
+        return nccl__fail(ncclSystemError, "%s: out of memory", call);
+    }
+    memcpy(job->ops, ops, (size_t)n * sizeof(*ops));
+    job->n = n;
+    for (int i = 0; i < n; i++) {
+        int seen = 0;
+        for (int k = 0; k < job->nstreams; k++)
+            seen |= job->streams[k] == ops[i].stream;
+        if (!seen)
+            job->streams[job->nstreams++] = ops[i].stream;
+    }
+    pthread_mutex_init(&job->mu, NULL);
+    pthread_cond_init(&job->cv, NULL);
+    atomic_init(&job->refs, 1);
+
+    /* Events and host functions belong to the streams' device. */
+    int cur = -1;
+    cudaError_t err = cudaGetDevice(&cur);
+    if (err == cudaSuccess && cur != device)
+        err = cudaSetDevice(device);
+    for (int i = 0; i < job->nstreams && err == cudaSuccess; i++) {
+        err = cudaEventCreateWithFlags(&job->ready[i], cudaEventDisableTiming);
+        if (err == cudaSuccess)
+            err = cudaEventRecord(job->ready[i], job->streams[i]);
+    }
+    for (int i = 0; i < job->nstreams && err == cudaSuccess; i++) {
+        atomic_fetch_add(&job->refs, 1);
+        if ((err = cudaLaunchHostFunc(job->streams[i], gate_wait, job)) != cudaSuccess)
+            atomic_fetch_sub(&job->refs, 1);
+    }
+    if (cur >= 0 && cur != device)
+        (void)cudaSetDevice(cur);
+    if (err != cudaSuccess) {
+        r = cuda_fail(err, "ordering the call on its stream", call);
+        job_done(job); /* lets any queued host function through */
+        return r;
+    }
+
+    pthread_mutex_lock(&w->mu);
+    if (w->tail)
+        w->tail->next = job;
+    else
+        w->head = job;
+    w->tail = job;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    return ncclSuccess;
+}
+
+void nccl__dev_drain(ncclComm_t comm)
+{
+    pthread_mutex_lock(&comm->mu);
+    nccl_worker *w = comm->worker;
+    pthread_mutex_unlock(&comm->mu);
+    if (!w)
+        return;
+    pthread_mutex_lock(&w->mu);
+    while (w->head || w->busy)
+        pthread_cond_wait(&w->cv, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+    /* The worker's errors reach this thread's ncclGetLastError through
+     * the call that reports them (ncclCommGetAsyncError, ncclCommFinalize). */
+}
+
+void nccl__dev_stop(ncclComm_t comm)
+{
+    pthread_mutex_lock(&comm->mu);
+    nccl_worker *w = comm->worker;
+    comm->worker = NULL;
+    pthread_mutex_unlock(&comm->mu);
+    if (!w)
+        return;
+    /* Jobs still queued run (after an abort they fail at once) so that
+     * every gate opens before the communicator goes. */
+    pthread_mutex_lock(&w->mu);
+    w->stop = 1;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(w->thread, NULL);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    free(w);
+}
+
+const char *nccl__dev_error(ncclComm_t comm)
+{
+    pthread_mutex_lock(&comm->mu);
+    nccl_worker *w = comm->worker;
+    const char *e = w && w->error[0] ? w->error : NULL;
+    pthread_mutex_unlock(&comm->mu);
+    return e;
+}
+
+/* ---- ncclMemAlloc / ncclMemFree ----------------------------------------- */
+
+/* Device memory on the calling thread's current device, as NCCL's; a
+ * process without a usable CUDA device gets page-aligned host memory, so
+ * that CPU-only programs written for NCCL keep working (NCCL itself would
+ * fail there). */
+NCCL_API ncclResult_t ncclMemAlloc(void **ptr, size_t size)
+{
+    if (!ptr)
+        return nccl__fail(ncclInvalidArgument, "ncclMemAlloc: ptr is NULL");
+    void *p = NULL;
+    if (braid__cuda_available()) {
+        cudaError_t err = cudaMalloc(&p, size ? size : 1);
+        if (err != cudaSuccess) {
+            (void)cudaGetLastError();
+            return nccl__fail(err == cudaErrorMemoryAllocation ? ncclSystemError : ncclUnhandledCudaError,
+                              "ncclMemAlloc: cudaMalloc(%zu) failed: %s", size, cudaGetErrorString(err));
+        }
+        *ptr = p;
+        return ncclSuccess;
+    }
+    if (posix_memalign(&p, 4096, size ? size : 1) != 0)
+        return nccl__fail(ncclSystemError, "ncclMemAlloc: cannot allocate %zu bytes of host memory", size);
+    *ptr = p;
+    return ncclSuccess;
+}
+
+NCCL_API ncclResult_t ncclMemFree(void *ptr)
+{
+    if (!ptr)
+        return ncclSuccess;
+    if (nccl__dev_is_device(ptr)) {
+        cudaError_t err = cudaFree(ptr);
+        if (err != cudaSuccess) {
+            (void)cudaGetLastError();
+            return nccl__fail(ncclUnhandledCudaError, "ncclMemFree: cudaFree(%p) failed: %s", ptr,
+                              cudaGetErrorString(err));
+        }
+        return ncclSuccess;
+    }
+    free(ptr);
+    return ncclSuccess;
+}

@@ -1,0 +1,58 @@
+/* Device buffers, build without CUDA: there is no device path, so device
+ * memory (told apart through the driver the program loaded, nccl_mem.c)
+ * is refused with ncclInvalidUsage, and ncclMemAlloc returns host memory. */
+#include <stdlib.h>
+
+#include "nccl_internal.h"
+
+int nccl__dev_is_device(const void *p)
+{
+    (void)p;
+    return 0;
+}
+
+ncclResult_t nccl__dev_check(const void *p, const char *what, const char *call)
+{
+    return nccl__check_host(p, what, call);
+}
+
+ncclResult_t nccl__dev_submit(ncclComm_t comm, const nccl_op *ops, int n)
+{
+    (void)comm;
+    (void)n;
+    return nccl__fail(ncclInternalError, "%s: no device path in this build", ops[0].call);
+}
+
+void nccl__dev_drain(ncclComm_t comm)
+{
+    (void)comm;
+}
+
+void nccl__dev_stop(ncclComm_t comm)
+{
+    (void)comm;
+}
+
+const char *nccl__dev_error(ncclComm_t comm)
+{
+    (void)comm;
+    return NULL;
+}
+
+/* Page-aligned host memory (like NCCL's granularity), never a NULL success. */
+NCCL_API ncclResult_t ncclMemAlloc(void **ptr, size_t size)
+{
+    if (!ptr)
+        return nccl__fail(ncclInvalidArgument, "ncclMemAlloc: ptr is NULL");
+    void *p = NULL;
+    if (posix_memalign(&p, 4096, size ? size : 1) != 0)
+        return nccl__fail(ncclSystemError, "ncclMemAlloc: cannot allocate %zu bytes of host memory", size);
+    *ptr = p;
+    return ncclSuccess;
+}
+
+NCCL_API ncclResult_t ncclMemFree(void *ptr)
+{
+    free(ptr);
+    return ncclSuccess;
+}
