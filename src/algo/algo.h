@@ -15,6 +15,10 @@ typedef struct {
     const braid_coll *coll;
     int64_t deadline_ms;
     const char *name;        /* "allreduce", "broadcast" */
+    /* Waits on links of several transports (common.c): the current idle
+     * spell spins until spin_until_us; last_wait_us is when the previous
+     * wait returned, to tell a new spell from a continuing one. */
+    int64_t spin_until_us, last_wait_us;
     /* The latest peer fingerprint being received, kept here so that a
      * failure can still be explained by it (braid__fp_explain). */
     struct {
