@@ -41,6 +41,7 @@ typedef struct {
     int nranks;          /* -N: local ranks to spawn without a launcher */
     int nranks_given;    /* -N appeared on the command line */
     braid_algo algo;
+    int average;     /* -a as nccl-tests: 0 rank 0's time, 1 mean, 2 min, 3 max over ranks (default 3) */
     int timeout_s;       /* -T: 0 keeps the library default */
     const char *csv_path;
     const char *plot_path;

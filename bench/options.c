@@ -1,6 +1,7 @@
 /* Command line of braid-bench. Letters, long names and defaults follow
  * nccl-tests (all_reduce_perf, broadcast_perf) so existing scripts carry
- * over; -N, -a, --csv, --plot and --label are braid's own. */
+ * over; -N, -a with an algorithm name, --csv, --plot and --label are
+ * braid's own. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +25,9 @@ static void usage(FILE *out, const char *prog)
             "  -o, --op OP               sum prod min max avg | all (all-reduce)\n"
             "  -r, --root N              broadcast root (default 0)\n"
             "  -N, --nranks N            local ranks to spawn when no launcher is found (default 4)\n"
-            "  -a, --algo ALGO           auto ring rd hier: collective algorithm (default auto)\n"
+            "  -a, --average 0|1|2|3     time reported: rank 0's, mean, min or max over ranks (default 3:\n"
+            "                            the slowest rank; nccl-tests defaults to 1)\n"
+            "  -a ALGO, --algo ALGO      auto ring rd hier: collective algorithm (default auto)\n"
             "  -T, --timeout SEC         group timeout for every blocking wait\n"
             "      --csv FILE            append rows to FILE (written with a header when new)\n"
             "      --plot FILE.png       plot busbw vs size (gnuplot) of this run, or of --csv FILE\n"
@@ -154,7 +157,7 @@ static int parse_coll(const char *text, bench_coll *coll)
     return 0;
 }
 
-enum { OPT_CSV = 1000, OPT_PLOT, OPT_LABEL };
+enum { OPT_CSV = 1000, OPT_PLOT, OPT_LABEL, OPT_ALGO };
 
 int bench_parse_args(int argc, char **argv, bench_opts *o)
 {
@@ -164,7 +167,8 @@ int bench_parse_args(int argc, char **argv, bench_opts *o)
         {"iters", required_argument, 0, 'n'},      {"warmup_iters", required_argument, 0, 'w'},
         {"check", required_argument, 0, 'c'},      {"op", required_argument, 0, 'o'},
         {"datatype", required_argument, 0, 'd'},   {"root", required_argument, 0, 'r'},
-        {"nranks", required_argument, 0, 'N'},     {"algo", required_argument, 0, 'a'},
+        {"nranks", required_argument, 0, 'N'},     {"algo", required_argument, 0, OPT_ALGO},
+        {"average", required_argument, 0, 'a'},
         {"timeout", required_argument, 0, 'T'},    {"nthreads", required_argument, 0, 't'},
         {"ngpus", required_argument, 0, 'g'},      {"csv", required_argument, 0, OPT_CSV},
         {"plot", required_argument, 0, OPT_PLOT},  {"label", required_argument, 0, OPT_LABEL},
@@ -186,6 +190,7 @@ int bench_parse_args(int argc, char **argv, bench_opts *o)
     o->ops[0] = BRAID_SUM;
     o->nranks = 4;
     o->algo = BRAID_ALGO_AUTO;
+    o->average = 3;
 
     int c;
     optind = 1;
@@ -247,6 +252,15 @@ int bench_parse_args(int argc, char **argv, bench_opts *o)
             o->nranks_given = 1;
             break;
         case 'a':
+            /* nccl-tests' -a is a digit; an algorithm name is braid's own. */
+            if (optarg[0] >= '0' && optarg[0] <= '9') {
+                if (parse_int(optarg, "average mode", 0, 3, &v))
+                    return -1;
+                o->average = (int)v;
+                break;
+            }
+            /* fall through */
+        case OPT_ALGO:
             if (parse_algo(optarg, &o->algo))
                 return -1;
             break;

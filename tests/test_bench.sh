@@ -78,6 +78,13 @@ local_tests() {
       run "ar$n-$a" allreduce -N "$n" -b 4 -e 1M -f 16 -n 2 -w 1 -c 1 -d float -o sum -a "$a" &&
         check_table "$tmp/ar$n-$a.out" 5 1 "allreduce -N $n -a $a"
     done
+    # nccl-tests' -a (how times combine over ranks) is a digit; --algo too.
+    for avg in 0 1 2; do
+      run "ar$n-avg$avg" allreduce -N "$n" -b 4 -e 64K -f 16 -n 2 -w 1 -c 1 -d float -o sum -a "$avg" &&
+        check_table "$tmp/ar$n-avg$avg.out" 4 1 "allreduce -N $n -a $avg"
+    done
+    run "ar$n-algo" allreduce -N "$n" -b 4 -e 64K -f 16 -n 2 -w 1 -c 1 -d float -o sum --algo ring &&
+      check_table "$tmp/ar$n-algo.out" 4 1 "allreduce -N $n --algo ring"
     # Broadcast from a non-zero root; redop is "none" and root the root.
     run "bc$n" broadcast -N "$n" "${sizes[@]}" -n 2 -w 1 -c 1 -d all -r 1 &&
       check_table "$tmp/bc$n.out" $((8 * nsizes)) 1 "broadcast -N $n" &&
