@@ -170,3 +170,63 @@ double harness_load(braid_dtype dtype, const void *buf, size_t i)
     default: abort();
     }
 }
+
+int harness_is_float(braid_dtype t)
+{
+    return t == BRAID_F32 || t == BRAID_F64 || t == BRAID_F16 || t == BRAID_BF16;
+}
+
+double harness_input(int rank, size_t i, uint32_t seed, braid_dtype t, braid_op op)
+{
+    int lo = -8, hi = 8;
+    if (op == BRAID_PROD) {
+        lo = t == BRAID_U8 ? 0 : -2;
+        hi = 2;
+    } else if (t == BRAID_U8) {
+        lo = 0;
+        hi = 20;
+    }
+    return (double)harness_value(rank, i, seed, lo, hi);
+}
+
+/* An exact integer result wrapped into the dtype, as two's complement does. */
+static double wrap(braid_dtype t, int64_t v)
+{
+    switch (t) {
+    case BRAID_I8: return (int8_t)(uint8_t)v;
+    case BRAID_U8: return (uint8_t)v;
+    case BRAID_I32: return (int32_t)(uint32_t)v;
+    default: return (double)v;
+    }
+}
+
+void harness_expected(braid_dtype t, braid_op op, int n, size_t i, uint32_t seed, void *out)
+{
+    if (op == BRAID_PROD && harness_is_float(t)) {
+        double prod = 1; /* in floating point a zero product keeps the factors' sign */
+        for (int r = 0; r < n; r++)
+            prod *= harness_input(r, i, seed, t, op);
+        harness_store(t, out, 0, prod);
+        return;
+    }
+    int64_t acc = (int64_t)harness_input(0, i, seed, t, op);
+    for (int r = 1; r < n; r++) {
+        int64_t v = (int64_t)harness_input(r, i, seed, t, op);
+        switch (op) {
+        case BRAID_SUM:
+        case BRAID_AVG: acc += v; break;
+        case BRAID_PROD: acc = (int64_t)wrap(t, acc * v); break;
+        case BRAID_MIN: acc = v < acc ? v : acc; break;
+        case BRAID_MAX: acc = v > acc ? v : acc; break;
+        default: abort();
+        }
+    }
+    double result;
+    if (op == BRAID_AVG && harness_is_float(t))
+        result = t == BRAID_F64 ? (double)acc / n : (double)((float)acc / (float)n);
+    else if (op == BRAID_AVG)
+        result = (double)((int64_t)wrap(t, acc) / n);
+    else
+        result = harness_is_float(t) ? (double)acc : wrap(t, acc);
+    harness_store(t, out, 0, result);
+}

@@ -47,6 +47,16 @@ int64_t harness_value(int rank, size_t i, uint32_t seed, int lo, int hi);
 void harness_store(braid_dtype dtype, void *buf, size_t i, double v);
 double harness_load(braid_dtype dtype, const void *buf, size_t i);
 
+/* Serial reference for reductions over harness data. harness_input is rank
+ * r's element i for (dtype, op): small integers, kept in [-2, 2] for
+ * products and non-negative for u8. harness_expected stores in out (one
+ * element of dtype) the exact reduction over n ranks as braid computes it:
+ * integers wrap, AVG divides once at the end (floats in the dtype's compute
+ * precision, integers toward zero), a zero float product keeps its sign. */
+int harness_is_float(braid_dtype dtype);
+double harness_input(int rank, size_t i, uint32_t seed, braid_dtype dtype, braid_op op);
+void harness_expected(braid_dtype dtype, braid_op op, int n, size_t i, uint32_t seed, void *out);
+
 #define HARNESS_FAIL(...)                                                                      \
     do {                                                                                       \
         fprintf(stderr, __VA_ARGS__);                                                          \

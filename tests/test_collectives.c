@@ -16,77 +16,6 @@ static const braid_dtype all_dtypes[] = {BRAID_F32, BRAID_F64, BRAID_F16, BRAID_
 static const braid_op all_ops[] = {BRAID_SUM, BRAID_PROD, BRAID_MIN, BRAID_MAX, BRAID_AVG};
 static const size_t small_counts[] = {0, 1, 3, 7, 64, 1000, 4099, 65537};
 
-static int is_float(braid_dtype t)
-{
-    return t == BRAID_F32 || t == BRAID_F64 || t == BRAID_F16 || t == BRAID_BF16;
-}
-
-static void value_range(braid_dtype t, braid_op op, int *lo, int *hi)
-{
-    if (op == BRAID_PROD) {
-        *lo = t == BRAID_U8 ? 0 : -2;
-        *hi = 2;
-    } else if (t == BRAID_U8) {
-        *lo = 0;
-        *hi = 20;
-    } else {
-        *lo = -8;
-        *hi = 8;
-    }
-}
-
-static double input(int rank, size_t i, uint32_t seed, braid_dtype t, braid_op op)
-{
-    int lo, hi;
-    value_range(t, op, &lo, &hi);
-    return (double)harness_value(rank, i, seed, lo, hi);
-}
-
-/* Wrap an exact integer result into the dtype the way two's complement does. */
-static double wrap(braid_dtype t, int64_t v)
-{
-    switch (t) {
-    case BRAID_I8: return (int8_t)(uint8_t)v;
-    case BRAID_U8: return (uint8_t)v;
-    case BRAID_I32: return (int32_t)(uint32_t)v;
-    default: return (double)v;
-    }
-}
-
-static void expected(braid_dtype t, braid_op op, int n, size_t i, uint32_t seed, void *out)
-{
-    int64_t acc = (int64_t)input(0, i, seed, t, op);
-    for (int r = 1; r < n; r++) {
-        int64_t v = (int64_t)input(r, i, seed, t, op);
-        switch (op) {
-        case BRAID_SUM:
-        case BRAID_AVG: acc += v; break;
-        case BRAID_PROD: acc = (int64_t)wrap(t == BRAID_I64 || is_float(t) ? BRAID_I64 : t, acc * v); break;
-        case BRAID_MIN: acc = v < acc ? v : acc; break;
-        case BRAID_MAX: acc = v > acc ? v : acc; break;
-        default: abort();
-        }
-    }
-    double result;
-    if (op == BRAID_PROD && is_float(t)) {
-        /* In floating point a zero product keeps the sign of the factors. */
-        double prod = 1;
-        for (int r = 0; r < n; r++)
-            prod *= input(r, i, seed, t, op);
-        harness_store(t, out, 0, prod);
-        return;
-    }
-    if (op == BRAID_AVG) {
-        if (is_float(t))
-            result = t == BRAID_F64 ? (double)acc / n : (double)((float)acc / (float)n);
-        else
-            result = (double)((int64_t)wrap(t, acc) / n);
-    } else {
-        result = is_float(t) ? (double)acc : wrap(t, acc);
-    }
-    harness_store(t, out, 0, result);
-}
-
 /* One all-reduce case on this rank; returns 0 when the output matches. */
 static int check_allreduce(braid_pg *pg, braid_dtype t, braid_op op, size_t count, int in_place, uint32_t seed)
 {
@@ -96,7 +25,7 @@ static int check_allreduce(braid_pg *pg, braid_dtype t, braid_op op, size_t coun
     if (!send || !recv || !want)
         HARNESS_FAIL("rank %d: out of memory", rank);
     for (size_t i = 0; i < count; i++)
-        harness_store(t, send, i, input(rank, i, seed, t, op));
+        harness_store(t, send, i, harness_input(rank, i, seed, t, op));
     memset(recv, 0xA5, count * es + 1);
     braid_status st = braid_allreduce(pg, send, in_place ? send : recv, count, t, op, NULL, NULL);
     if (st != BRAID_OK)
@@ -106,7 +35,7 @@ static int check_allreduce(braid_pg *pg, braid_dtype t, braid_op op, size_t coun
     if (!in_place && recv[count * es] != 0xA5)
         HARNESS_FAIL("rank %d: allreduce wrote past the end of recv", rank);
     for (size_t i = 0; i < count; i++) {
-        expected(t, op, n, i, seed, want);
+        harness_expected(t, op, n, i, seed, want);
         if (memcmp(out + i * es, want, es) != 0)
             HARNESS_FAIL("rank %d of %d: allreduce dtype=%d op=%d count=%zu %s: element %zu is %g, want %g", rank,
                          n, t, op, count, in_place ? "in-place" : "out-of-place", i, harness_load(t, out, i),

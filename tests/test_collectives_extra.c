@@ -17,78 +17,6 @@ static const braid_op all_ops[] = {BRAID_SUM, BRAID_PROD, BRAID_MIN, BRAID_MAX, 
 static const size_t counts[] = {0, 1, 3, 7, 1000, 4099};
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
 
-/* ---- serial reference ------------------------------------------------- */
-
-static int is_float(braid_dtype t)
-{
-    return t == BRAID_F32 || t == BRAID_F64 || t == BRAID_F16 || t == BRAID_BF16;
-}
-
-static double input(int rank, size_t i, uint32_t seed, braid_dtype t, braid_op op)
-{
-    int lo = -8, hi = 8;
-    if (op == BRAID_PROD) {
-        lo = t == BRAID_U8 ? 0 : -2;
-        hi = 2;
-    } else if (t == BRAID_U8) {
-        lo = 0;
-        hi = 20;
-    }
-    return (double)harness_value(rank, i, seed, lo, hi);
-}
-
-static double wrap(braid_dtype t, int64_t v)
-{
-    switch (t) {
-    case BRAID_I8:
-        return (int8_t)(uint8_t)v;
-    case BRAID_U8:
-        return (uint8_t)v;
-    case BRAID_I32:
-        return (int32_t)(uint32_t)v;
-    default:
-        return (double)v;
-    }
-}
-
-/* Element i of the reduction over n ranks, stored as dtype t in out. */
-static void expected(braid_dtype t, braid_op op, int n, size_t i, uint32_t seed, void *out)
-{
-    int64_t acc = (int64_t)input(0, i, seed, t, op);
-    int negatives = acc < 0;
-    for (int r = 1; r < n; r++) {
-        int64_t v = (int64_t)input(r, i, seed, t, op);
-        negatives += v < 0;
-        switch (op) {
-        case BRAID_SUM:
-        case BRAID_AVG:
-            acc += v;
-            break;
-        case BRAID_PROD:
-            acc = (int64_t)wrap(is_float(t) ? BRAID_I64 : t, acc * v);
-            break;
-        case BRAID_MIN:
-            acc = v < acc ? v : acc;
-            break;
-        case BRAID_MAX:
-            acc = v > acc ? v : acc;
-            break;
-        default:
-            abort();
-        }
-    }
-    double result;
-    if (op == BRAID_AVG)
-        result = !is_float(t)     ? (double)((int64_t)wrap(t, acc) / n)
-                 : t == BRAID_F64 ? (double)acc / n
-                                  : (double)((float)acc / (float)n);
-    else if (is_float(t) && op == BRAID_PROD && acc == 0 && negatives % 2)
-        result = -0.0; /* IEEE: the sign of a zero product is the xor of the factors' signs */
-    else
-        result = is_float(t) ? (double)acc : wrap(t, acc);
-    harness_store(t, out, 0, result);
-}
-
 static void *alloc_or_die(size_t bytes)
 {
     void *p = malloc(bytes ? bytes : 1);
@@ -107,7 +35,7 @@ static int check_reduce(braid_pg *pg, braid_dtype t, braid_op op, size_t count, 
     size_t es = braid_dtype_size(t);
     unsigned char *send = alloc_or_die(count * es), *recv = alloc_or_die(count * es + 1), want[8];
     for (size_t i = 0; i < count; i++)
-        harness_store(t, send, i, input(rank, i, seed, t, op));
+        harness_store(t, send, i, harness_input(rank, i, seed, t, op));
     memset(recv, 0xA5, count * es + 1);
     /* Non-roots pass NULL for recv, as NCCL allows. */
     void *out = rank == root ? (in_place ? send : recv) : NULL;
@@ -118,7 +46,7 @@ static int check_reduce(braid_pg *pg, braid_dtype t, braid_op op, size_t count, 
         if (!in_place && recv[count * es] != 0xA5)
             HARNESS_FAIL("rank %d: reduce wrote past the end of recv", rank);
         for (size_t i = 0; i < count; i++) {
-            expected(t, op, n, i, seed, want);
+            harness_expected(t, op, n, i, seed, want);
             if (memcmp((unsigned char *)out + i * es, want, es) != 0)
                 HARNESS_FAIL("rank %d of %d: reduce dtype=%d op=%d count=%zu root=%d %s: element %zu is %g, want %g",
                              rank, n, t, op, count, root, in_place ? "in-place" : "out-of-place", i,
@@ -126,7 +54,7 @@ static int check_reduce(braid_pg *pg, braid_dtype t, braid_op op, size_t count, 
         }
     } else {
         for (size_t i = 0; i < count; i++)
-            if (harness_load(t, send, i) != input(rank, i, seed, t, op))
+            if (harness_load(t, send, i) != harness_input(rank, i, seed, t, op))
                 HARNESS_FAIL("rank %d: reduce modified the send buffer of a non-root", rank);
     }
     free(send);
@@ -140,7 +68,7 @@ static int check_reduce_scatter(braid_pg *pg, braid_dtype t, braid_op op, size_t
     size_t es = braid_dtype_size(t), total = count * (size_t)n;
     unsigned char *send = alloc_or_die(total * es), *recv = alloc_or_die(count * es + 1), want[8];
     for (size_t i = 0; i < total; i++)
-        harness_store(t, send, i, input(rank, i, seed, t, op));
+        harness_store(t, send, i, harness_input(rank, i, seed, t, op));
     memset(recv, 0xA5, count * es + 1);
     unsigned char *out = in_place ? send + (size_t)rank * count * es : recv;
     if (braid_reduce_scatter(pg, send, out, count, t, op, NULL, NULL) != BRAID_OK)
@@ -149,7 +77,7 @@ static int check_reduce_scatter(braid_pg *pg, braid_dtype t, braid_op op, size_t
     if (!in_place && recv[count * es] != 0xA5)
         HARNESS_FAIL("rank %d: reduce_scatter wrote past the end of recv", rank);
     for (size_t j = 0; j < count; j++) {
-        expected(t, op, n, (size_t)rank * count + j, seed, want);
+        harness_expected(t, op, n, (size_t)rank * count + j, seed, want);
         if (memcmp(out + j * es, want, es) != 0)
             HARNESS_FAIL("rank %d of %d: reduce_scatter dtype=%d op=%d count=%zu %s: element %zu is %g, want %g", rank,
                          n, t, op, count, in_place ? "in-place" : "out-of-place", j, harness_load(t, out, j),
@@ -159,7 +87,7 @@ static int check_reduce_scatter(braid_pg *pg, braid_dtype t, braid_op op, size_t
     for (size_t i = 0; i < total; i++) {
         if (in_place && i / (count ? count : 1) == (size_t)rank)
             continue;
-        if (harness_load(t, send, i) != input(rank, i, seed, t, op))
+        if (harness_load(t, send, i) != harness_input(rank, i, seed, t, op))
             HARNESS_FAIL("rank %d: reduce_scatter modified send element %zu outside its own block", rank, i);
     }
     free(send);
@@ -176,17 +104,17 @@ static int check_allgather(braid_pg *pg, braid_dtype t, size_t count, int in_pla
     memset(recv, 0xA5, total * es + 1);
     unsigned char *send = in_place ? recv + (size_t)rank * count * es : mine;
     for (size_t i = 0; i < count; i++)
-        harness_store(t, send, i, input(rank, i, seed, t, BRAID_SUM));
+        harness_store(t, send, i, harness_input(rank, i, seed, t, BRAID_SUM));
     if (braid_allgather(pg, send, recv, count, t, NULL, NULL) != BRAID_OK)
         HARNESS_FAIL("rank %d: allgather(count=%zu dtype=%d) failed: %s", rank, count, t, braid_last_error());
     if (recv[total * es] != 0xA5)
         HARNESS_FAIL("rank %d: allgather wrote past the end of recv", rank);
     for (int r = 0; r < n; r++)
         for (size_t i = 0; i < count; i++)
-            if (harness_load(t, recv, (size_t)r * count + i) != input(r, i, seed, t, BRAID_SUM))
+            if (harness_load(t, recv, (size_t)r * count + i) != harness_input(r, i, seed, t, BRAID_SUM))
                 HARNESS_FAIL("rank %d of %d: allgather dtype=%d count=%zu %s: block %d element %zu is %g, want %g",
                              rank, n, t, count, in_place ? "in-place" : "out-of-place", r, i,
-                             harness_load(t, recv, (size_t)r * count + i), input(r, i, seed, t, BRAID_SUM));
+                             harness_load(t, recv, (size_t)r * count + i), harness_input(r, i, seed, t, BRAID_SUM));
     free(mine);
     free(recv);
     return 0;

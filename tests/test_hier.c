@@ -61,66 +61,6 @@ static int run_layout(const layout *l, harness_rank_fn fn, braid_algo algo, size
     return failed;
 }
 
-static int is_float(braid_dtype t)
-{
-    return t == BRAID_F32 || t == BRAID_F64 || t == BRAID_F16 || t == BRAID_BF16;
-}
-
-static double input(int rank, size_t i, uint32_t seed, braid_dtype t, braid_op op)
-{
-    int lo = -8, hi = 8;
-    if (op == BRAID_PROD) {
-        lo = t == BRAID_U8 ? 0 : -2;
-        hi = 2;
-    } else if (t == BRAID_U8) {
-        lo = 0;
-        hi = 20;
-    }
-    return (double)harness_value(rank, i, seed, lo, hi);
-}
-
-static double wrap(braid_dtype t, int64_t v)
-{
-    switch (t) {
-    case BRAID_I8: return (int8_t)(uint8_t)v;
-    case BRAID_U8: return (uint8_t)v;
-    case BRAID_I32: return (int32_t)(uint32_t)v;
-    default: return (double)v;
-    }
-}
-
-/* The flat ring's result for element i: exact combine, then AVG's one
- * division (floats: in the dtype's compute precision; integers: toward 0). */
-static void expected(braid_dtype t, braid_op op, int n, size_t i, uint32_t seed, void *out)
-{
-    if (op == BRAID_PROD && is_float(t)) {
-        double prod = 1; /* a zero product keeps the factors' sign */
-        for (int r = 0; r < n; r++)
-            prod *= input(r, i, seed, t, op);
-        harness_store(t, out, 0, prod);
-        return;
-    }
-    int64_t acc = (int64_t)input(0, i, seed, t, op);
-    for (int r = 1; r < n; r++) {
-        int64_t v = (int64_t)input(r, i, seed, t, op);
-        switch (op) {
-        case BRAID_SUM:
-        case BRAID_AVG: acc += v; break;
-        case BRAID_PROD: acc = (int64_t)wrap(t == BRAID_I64 ? BRAID_I64 : t, acc * v); break;
-        case BRAID_MIN: acc = v < acc ? v : acc; break;
-        case BRAID_MAX: acc = v > acc ? v : acc; break;
-        default: abort();
-        }
-    }
-    double result;
-    if (op == BRAID_AVG)
-        result = is_float(t) ? (t == BRAID_F64 ? (double)acc / n : (double)((float)acc / (float)n))
-                             : (double)((int64_t)wrap(t, acc) / n);
-    else
-        result = is_float(t) ? (double)acc : wrap(t, acc);
-    harness_store(t, out, 0, result);
-}
-
 static int check_allreduce(braid_pg *pg, braid_dtype t, braid_op op, size_t count, int in_place, uint32_t seed)
 {
     int rank = braid_pg_rank(pg), n = braid_pg_size(pg);
@@ -129,7 +69,7 @@ static int check_allreduce(braid_pg *pg, braid_dtype t, braid_op op, size_t coun
     if (!send || !recv || !want)
         HARNESS_FAIL("rank %d: out of memory", rank);
     for (size_t i = 0; i < count; i++)
-        harness_store(t, send, i, input(rank, i, seed, t, op));
+        harness_store(t, send, i, harness_input(rank, i, seed, t, op));
     memset(recv, 0xA5, count * es + 1);
     send[count * es] = 0x5A;
     if (braid_allreduce(pg, send, in_place ? send : recv, count, t, op, NULL, NULL) != BRAID_OK)
@@ -139,7 +79,7 @@ static int check_allreduce(braid_pg *pg, braid_dtype t, braid_op op, size_t coun
     if (out[count * es] != (in_place ? 0x5A : 0xA5))
         HARNESS_FAIL("rank %d: allreduce wrote past the end of its output", rank);
     for (size_t i = 0; i < count; i++) {
-        expected(t, op, n, i, seed, want);
+        harness_expected(t, op, n, i, seed, want);
         if (memcmp(out + i * es, want, es) != 0)
             HARNESS_FAIL("rank %d of %d: hier allreduce dtype=%d op=%d count=%zu %s: element %zu is %g, want %g",
                          rank, n, t, op, count, in_place ? "in-place" : "out-of-place", i, harness_load(t, out, i),
