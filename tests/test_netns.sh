@@ -28,46 +28,13 @@ timeout_ms=3000
 margin_s=2.5
 prog=test_netns
 
-skip() { echo "$prog: skip: $*"; exit 77; }
-fail() { echo "$prog: FAIL: $*" >&2; exit 1; }
-
-[ -x "$bench" ] || fail "braid-bench not found at $bench"
-[ "$(id -u)" = 0 ] || skip "needs root to create network namespaces"
-command -v ip >/dev/null && command -v tc >/dev/null || skip "iproute2 (ip, tc) is not installed"
-
 seed=${BRAID_NETNS_SEED:-$$}
 RANDOM=$seed
 tag=braid-ft-$$
 brns=$tag-br
-made=()
-pids=()
-work=$(mktemp -d "${TMPDIR:-/tmp}/$tag.XXXXXX")
-
-cleanup() {
-  local rc=$?
-  trap - EXIT INT TERM
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  # Deleting a namespace removes its veth ends and qdiscs with it.
-  for ns in "${made[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
-  if [ $rc != 0 ] && [ $rc != 77 ]; then
-    for f in "$work"/*.log; do
-      [ -f "$f" ] || continue
-      echo "--- $(basename "$f") (last lines)" >&2
-      tail -n 8 "$f" >&2
-    done
-  fi
-  rm -rf "$work"
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-addns() {
-  ip netns add "$1" 2>"$work/netns.err" || skip "cannot create a network namespace: $(cat "$work/netns.err")"
-  made+=("$1")
-}
+. "$(dirname "$0")/netns_common.sh"
+[ -x "$bench" ] || fail "braid-bench not found at $bench"
+command -v tc >/dev/null || skip "iproute2 (tc) is not installed"
 
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }

@@ -21,43 +21,9 @@ bench=${1:?usage: test_netns_hier.sh BRAID_BENCH}
 prog=test_netns_hier
 nranks=4
 
-skip() { echo "$prog: skip: $*"; exit 77; }
-fail() { echo "$prog: FAIL: $*" >&2; exit 1; }
-
-[ -x "$bench" ] || fail "braid-bench not found at $bench"
-[ "$(id -u)" = 0 ] || skip "needs root to create network namespaces"
-command -v ip >/dev/null || skip "iproute2 (ip) is not installed"
-
 tag=braid-hier-$$
-made=()
-pids=()
-work=$(mktemp -d "${TMPDIR:-/tmp}/$tag.XXXXXX")
-
-cleanup() {
-  local rc=$?
-  trap - EXIT INT TERM
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  # Deleting a namespace removes its veth end with it.
-  for ns in "${made[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
-  if [ $rc != 0 ] && [ $rc != 77 ]; then
-    for f in "$work"/*.log "$work"/*.dbg; do
-      [ -f "$f" ] || continue
-      echo "--- $(basename "$f") (last lines)" >&2
-      tail -n 8 "$f" >&2
-    done
-  fi
-  rm -rf "$work"
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-addns() {
-  ip netns add "$1" 2>"$work/netns.err" || skip "cannot create a network namespace: $(cat "$work/netns.err")"
-  made+=("$1")
-}
+. "$(dirname "$0")/netns_common.sh"
+[ -x "$bench" ] || fail "braid-bench not found at $bench"
 
 # ---- two hosts ----------------------------------------------------------------
 # Host h (0 or 1) is namespace $tag-h<h> at 10.79.0.<h+1>; ranks 2h and 2h+1
