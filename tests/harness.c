@@ -230,3 +230,33 @@ void harness_expected(braid_dtype t, braid_op op, int n, size_t i, uint32_t seed
         result = harness_is_float(t) ? (double)acc : wrap(t, acc);
     harness_store(t, out, 0, result);
 }
+
+int harness_check_allreduce(braid_pg *pg, braid_dtype t, braid_op op, size_t count, int in_place, uint32_t seed)
+{
+    int rank = braid_pg_rank(pg), n = braid_pg_size(pg);
+    size_t es = braid_dtype_size(t);
+    unsigned char *send = malloc(count * es + 1), *recv = malloc(count * es + 1), *want = malloc(es);
+    if (!send || !recv || !want)
+        HARNESS_FAIL("rank %d: out of memory", rank);
+    for (size_t i = 0; i < count; i++)
+        harness_store(t, send, i, harness_input(rank, i, seed, t, op));
+    memset(recv, 0xA5, count * es + 1);
+    send[count * es] = 0x5A;
+    if (braid_allreduce(pg, send, in_place ? send : recv, count, t, op, NULL, NULL) != BRAID_OK)
+        HARNESS_FAIL("rank %d: allreduce(count=%zu dtype=%d op=%d) failed: %s", rank, count, t, op,
+                     braid_last_error());
+    unsigned char *out = in_place ? send : recv;
+    if (out[count * es] != (in_place ? 0x5A : 0xA5))
+        HARNESS_FAIL("rank %d: allreduce wrote past the end of its output", rank);
+    for (size_t i = 0; i < count; i++) {
+        harness_expected(t, op, n, i, seed, want);
+        if (memcmp(out + i * es, want, es) != 0)
+            HARNESS_FAIL("rank %d of %d: allreduce dtype=%d op=%d count=%zu %s: element %zu is %g, want %g", rank,
+                         n, t, op, count, in_place ? "in-place" : "out-of-place", i, harness_load(t, out, i),
+                         harness_load(t, want, 0));
+    }
+    free(send);
+    free(recv);
+    free(want);
+    return 0;
+}

@@ -56,6 +56,11 @@ double harness_load(braid_dtype dtype, const void *buf, size_t i);
 int harness_is_float(braid_dtype dtype);
 double harness_input(int rank, size_t i, uint32_t seed, braid_dtype dtype, braid_op op);
 void harness_expected(braid_dtype dtype, braid_op op, int n, size_t i, uint32_t seed, void *out);
+/* One all-reduce of harness data on this rank, blocking, checked bit-exact
+ * against harness_expected and for writes past the output's end; returns 0
+ * when right, else prints why and returns 1. */
+int harness_check_allreduce(braid_pg *pg, braid_dtype dtype, braid_op op, size_t count, int in_place,
+                            uint32_t seed);
 
 #define HARNESS_FAIL(...)                                                                      \
     do {                                                                                       \

@@ -16,37 +16,6 @@ static const braid_dtype all_dtypes[] = {BRAID_F32, BRAID_F64, BRAID_F16, BRAID_
 static const braid_op all_ops[] = {BRAID_SUM, BRAID_PROD, BRAID_MIN, BRAID_MAX, BRAID_AVG};
 static const size_t small_counts[] = {0, 1, 3, 7, 64, 1000, 4099, 65537};
 
-/* One all-reduce case on this rank; returns 0 when the output matches. */
-static int check_allreduce(braid_pg *pg, braid_dtype t, braid_op op, size_t count, int in_place, uint32_t seed)
-{
-    int rank = braid_pg_rank(pg), n = braid_pg_size(pg);
-    size_t es = braid_dtype_size(t);
-    unsigned char *send = malloc(count * es + 1), *recv = malloc(count * es + 1), *want = malloc(es);
-    if (!send || !recv || !want)
-        HARNESS_FAIL("rank %d: out of memory", rank);
-    for (size_t i = 0; i < count; i++)
-        harness_store(t, send, i, harness_input(rank, i, seed, t, op));
-    memset(recv, 0xA5, count * es + 1);
-    braid_status st = braid_allreduce(pg, send, in_place ? send : recv, count, t, op, NULL, NULL);
-    if (st != BRAID_OK)
-        HARNESS_FAIL("rank %d: allreduce(count=%zu dtype=%d op=%d) failed: %s", rank, count, t, op,
-                     braid_last_error());
-    unsigned char *out = in_place ? send : recv;
-    if (!in_place && recv[count * es] != 0xA5)
-        HARNESS_FAIL("rank %d: allreduce wrote past the end of recv", rank);
-    for (size_t i = 0; i < count; i++) {
-        harness_expected(t, op, n, i, seed, want);
-        if (memcmp(out + i * es, want, es) != 0)
-            HARNESS_FAIL("rank %d of %d: allreduce dtype=%d op=%d count=%zu %s: element %zu is %g, want %g", rank,
-                         n, t, op, count, in_place ? "in-place" : "out-of-place", i, harness_load(t, out, i),
-                         harness_load(t, want, 0));
-    }
-    free(send);
-    free(recv);
-    free(want);
-    return 0;
-}
-
 static int check_broadcast(braid_pg *pg, size_t bytes, int root, uint32_t seed)
 {
     int rank = braid_pg_rank(pg);
@@ -74,7 +43,7 @@ static int matrix_body(braid_pg *pg, void *arg)
     for (size_t d = 0; d < sizeof(all_dtypes) / sizeof(all_dtypes[0]); d++)
         for (size_t o = 0; o < sizeof(all_ops) / sizeof(all_ops[0]); o++)
             for (size_t c = 0; c < sizeof(small_counts) / sizeof(small_counts[0]); c++)
-                if (check_allreduce(pg, all_dtypes[d], all_ops[o], small_counts[c], (int)(c % 2), seed++))
+                if (harness_check_allreduce(pg, all_dtypes[d], all_ops[o], small_counts[c], (int)(c % 2), seed++))
                     return 1;
     static const size_t bcast_sizes[] = {0, 1, 7, 1000, 65536, (1u << 20) + 3};
     for (size_t s = 0; s < sizeof(bcast_sizes) / sizeof(bcast_sizes[0]); s++)
@@ -88,11 +57,11 @@ static int large_body(braid_pg *pg, void *arg)
 {
     (void)arg;
     /* 64 MiB of f32 in place and 1 MiB + odd out of place, plus i32. */
-    if (check_allreduce(pg, BRAID_F32, BRAID_SUM, 16u << 20, 1, 77))
+    if (harness_check_allreduce(pg, BRAID_F32, BRAID_SUM, 16u << 20, 1, 77))
         return 1;
-    if (check_allreduce(pg, BRAID_F32, BRAID_AVG, (1u << 18) + 13, 0, 78))
+    if (harness_check_allreduce(pg, BRAID_F32, BRAID_AVG, (1u << 18) + 13, 0, 78))
         return 1;
-    if (check_allreduce(pg, BRAID_I32, BRAID_MAX, (1u << 20) + 1, 0, 79))
+    if (harness_check_allreduce(pg, BRAID_I32, BRAID_MAX, (1u << 20) + 1, 0, 79))
         return 1;
     return check_broadcast(pg, 16u << 20, braid_pg_size(pg) - 1, 80);
 }

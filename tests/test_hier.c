@@ -61,36 +61,6 @@ static int run_layout(const layout *l, harness_rank_fn fn, braid_algo algo, size
     return failed;
 }
 
-static int check_allreduce(braid_pg *pg, braid_dtype t, braid_op op, size_t count, int in_place, uint32_t seed)
-{
-    int rank = braid_pg_rank(pg), n = braid_pg_size(pg);
-    size_t es = braid_dtype_size(t);
-    unsigned char *send = malloc(count * es + 1), *recv = malloc(count * es + 1), *want = malloc(es);
-    if (!send || !recv || !want)
-        HARNESS_FAIL("rank %d: out of memory", rank);
-    for (size_t i = 0; i < count; i++)
-        harness_store(t, send, i, harness_input(rank, i, seed, t, op));
-    memset(recv, 0xA5, count * es + 1);
-    send[count * es] = 0x5A;
-    if (braid_allreduce(pg, send, in_place ? send : recv, count, t, op, NULL, NULL) != BRAID_OK)
-        HARNESS_FAIL("rank %d: allreduce(count=%zu dtype=%d op=%d) failed: %s", rank, count, t, op,
-                     braid_last_error());
-    unsigned char *out = in_place ? send : recv;
-    if (out[count * es] != (in_place ? 0x5A : 0xA5))
-        HARNESS_FAIL("rank %d: allreduce wrote past the end of its output", rank);
-    for (size_t i = 0; i < count; i++) {
-        harness_expected(t, op, n, i, seed, want);
-        if (memcmp(out + i * es, want, es) != 0)
-            HARNESS_FAIL("rank %d of %d: hier allreduce dtype=%d op=%d count=%zu %s: element %zu is %g, want %g",
-                         rank, n, t, op, count, in_place ? "in-place" : "out-of-place", i, harness_load(t, out, i),
-                         harness_load(t, want, 0));
-    }
-    free(send);
-    free(recv);
-    free(want);
-    return 0;
-}
-
 /* ---- topology and tuner ------------------------------------------------ */
 
 static int topo_body(braid_pg *pg, void *arg)
@@ -123,7 +93,7 @@ static int topo_body(braid_pg *pg, void *arg)
         HARNESS_FAIL("rank %d (%s): host numbering", rank, l->name);
     /* One call before leaving: rank 0 serves the rendezvous store, which
      * the others may still be reading the end of set-up from. */
-    return check_allreduce(pg, BRAID_I64, BRAID_MAX, 5, 0, 4);
+    return harness_check_allreduce(pg, BRAID_I64, BRAID_MAX, 5, 0, 4);
 }
 
 /* Under BRAID_ALGO=auto: recursive doubling for small messages, hier for
@@ -143,7 +113,7 @@ static int tuner_body(braid_pg *pg, void *arg)
     if (braid__allreduce_algo(pg, rd / 4 + 1, BRAID_F32) == BRAID_ALGO_RECURSIVE_DOUBLING)
         HARNESS_FAIL("rank %d (%s): recursive doubling above its limit %zu", rank, l->name, rd);
     /* The choice is used: a large auto all-reduce is exact too. */
-    return check_allreduce(pg, BRAID_I32, BRAID_SUM, (1u << 20) + 3, 0, 5);
+    return harness_check_allreduce(pg, BRAID_I32, BRAID_SUM, (1u << 20) + 3, 0, 5);
 }
 
 /* BRAID_ALGO=hier where it cannot apply runs the ring. */
@@ -153,7 +123,7 @@ static int forced_fallback_body(braid_pg *pg, void *arg)
     int rank = braid_pg_rank(pg);
     if (braid__allreduce_algo(pg, 1u << 20, BRAID_F32) != BRAID_ALGO_RING)
         HARNESS_FAIL("rank %d: forced hier on one host is not the ring", rank);
-    return check_allreduce(pg, BRAID_F32, BRAID_AVG, 100003, 1, 6);
+    return harness_check_allreduce(pg, BRAID_F32, BRAID_AVG, 100003, 1, 6);
 }
 
 /* Forced hier in a topology that allows it is used. */
@@ -162,7 +132,7 @@ static int forced_body(braid_pg *pg, void *arg)
     (void)arg;
     if (braid__allreduce_algo(pg, 1, BRAID_I8) != BRAID_ALGO_HIER)
         HARNESS_FAIL("rank %d: forced hier not chosen", braid_pg_rank(pg));
-    return check_allreduce(pg, BRAID_I8, BRAID_SUM, 1, 1, 7); /* and one call before leaving, as above */
+    return harness_check_allreduce(pg, BRAID_I8, BRAID_SUM, 1, 1, 7); /* and one call before leaving, as above */
 }
 
 START_TEST(test_rd_threshold)
@@ -218,7 +188,7 @@ static int matrix_body(braid_pg *pg, void *arg)
     for (size_t d = 0; d < sizeof(all_dtypes) / sizeof(all_dtypes[0]); d++)
         for (size_t o = 0; o < sizeof(all_ops) / sizeof(all_ops[0]); o++)
             for (size_t c = 0; c < sizeof(small_counts) / sizeof(small_counts[0]); c++)
-                if (check_allreduce(pg, all_dtypes[d], all_ops[o], small_counts[c], (int)((c + d) % 2), seed++))
+                if (harness_check_allreduce(pg, all_dtypes[d], all_ops[o], small_counts[c], (int)((c + d) % 2), seed++))
                     return 1;
     return 0;
 }
@@ -233,13 +203,13 @@ END_TEST
 static int large_body(braid_pg *pg, void *arg)
 {
     (void)arg;
-    if (check_allreduce(pg, BRAID_F32, BRAID_SUM, (3u << 20) / 4 + 5, 1, 21))
+    if (harness_check_allreduce(pg, BRAID_F32, BRAID_SUM, (3u << 20) / 4 + 5, 1, 21))
         return 1;
-    if (check_allreduce(pg, BRAID_I32, BRAID_AVG, (2u << 20) / 4 + 1, 0, 22))
+    if (harness_check_allreduce(pg, BRAID_I32, BRAID_AVG, (2u << 20) / 4 + 1, 0, 22))
         return 1;
-    if (check_allreduce(pg, BRAID_BF16, BRAID_MAX, (2u << 20) / 2 + 7, 0, 23))
+    if (harness_check_allreduce(pg, BRAID_BF16, BRAID_MAX, (2u << 20) / 2 + 7, 0, 23))
         return 1;
-    return check_allreduce(pg, BRAID_U8, BRAID_SUM, (3u << 20) + 1, 1, 24);
+    return harness_check_allreduce(pg, BRAID_U8, BRAID_SUM, (3u << 20) + 1, 1, 24);
 }
 
 START_TEST(test_large)
