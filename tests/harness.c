@@ -260,3 +260,32 @@ int harness_check_allreduce(braid_pg *pg, braid_dtype t, braid_op op, size_t cou
     free(want);
     return 0;
 }
+
+int harness_until_failure(braid_pg *pg, void *arg)
+{
+    (void)arg;
+    enum { N = 1 << 18 };
+    static float buf[N];
+    int rank = braid_pg_rank(pg);
+    for (int iter = 0; iter < 100000; iter++) {
+        for (int i = 0; i < N; i += 997)
+            buf[i] = 1.0f;
+        braid_status st = braid_allreduce(pg, buf, buf, N, BRAID_F32, BRAID_SUM, NULL, NULL);
+        if (st == BRAID_OK)
+            continue;
+        if (st != BRAID_ERR_PEER && st != BRAID_ERR_TIMEOUT)
+            HARNESS_FAIL("rank %d: unexpected %s: %s", rank, braid_status_string(st), braid_last_error());
+        if (!strstr(braid_last_error(), "peer"))
+            HARNESS_FAIL("rank %d: error does not name the peer: %s", rank, braid_last_error());
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        braid_status again = braid_allreduce(pg, buf, buf, N, BRAID_F32, BRAID_SUM, NULL, NULL);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double dt = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+        if (again != st || dt > 0.1)
+            HARNESS_FAIL("rank %d: call after failure returned %s (want sticky %s at once)", rank,
+                         braid_status_string(again), braid_status_string(st));
+        return 0;
+    }
+    HARNESS_FAIL("rank %d: no failure seen", rank);
+}

@@ -61,6 +61,10 @@ void harness_expected(braid_dtype dtype, braid_op op, int n, size_t i, uint32_t 
  * when right, else prints why and returns 1. */
 int harness_check_allreduce(braid_pg *pg, braid_dtype dtype, braid_op op, size_t count, int in_place,
                             uint32_t seed);
+/* A rank body for fault tests: all-reduces in a loop until one fails, which
+ * must be BRAID_ERR_PEER or TIMEOUT with text naming the peer, and the next
+ * call must return the same status at once (the group is broken). */
+int harness_until_failure(braid_pg *pg, void *arg);
 
 #define HARNESS_FAIL(...)                                                                      \
     do {                                                                                       \

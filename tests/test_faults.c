@@ -24,33 +24,6 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Loop all-reduces until one fails; pass when it fails with PEER or
- * TIMEOUT naming a peer, and the next call fails fast with the same. */
-static int until_failure_body(braid_pg *pg, void *arg)
-{
-    (void)arg;
-    enum { N = 1 << 18 };
-    static float buf[N];
-    for (int iter = 0; iter < 100000; iter++) {
-        for (int i = 0; i < N; i += 997)
-            buf[i] = 1.0f;
-        braid_status st = braid_allreduce(pg, buf, buf, N, BRAID_F32, BRAID_SUM, NULL, NULL);
-        if (st == BRAID_OK)
-            continue;
-        if (st != BRAID_ERR_PEER && st != BRAID_ERR_TIMEOUT)
-            HARNESS_FAIL("rank %d: unexpected %s: %s", braid_pg_rank(pg), braid_status_string(st), braid_last_error());
-        if (!strstr(braid_last_error(), "peer"))
-            HARNESS_FAIL("rank %d: error does not name the peer: %s", braid_pg_rank(pg), braid_last_error());
-        double t0 = now_s();
-        braid_status again = braid_allreduce(pg, buf, buf, N, BRAID_F32, BRAID_SUM, NULL, NULL);
-        if (again != st || now_s() - t0 > 0.1)
-            HARNESS_FAIL("rank %d: call after failure returned %s (want sticky %s at once)", braid_pg_rank(pg),
-                         braid_status_string(again), braid_status_string(st));
-        return 0;
-    }
-    HARNESS_FAIL("rank %d: no failure seen", braid_pg_rank(pg));
-}
-
 /* Kill trials per run: BRAID_FAULT_TRIALS, default 20. scripts/fault-soak
  * runs many more (it runs this test case, "kill", alone). */
 static int kill_trials(void)
@@ -75,7 +48,7 @@ START_TEST(test_kill_random_rank)
     for (int t = 0; t < trials; t++) {
         harness_fault f = {.rank = (int)(rand_r(&seed) % 4), .after_ms = 20 + (int)(rand_r(&seed) % 400)};
         harness_result res;
-        int failed = harness_run_faulty(4, until_failure_body, NULL, &cfg, 30, &f, &res);
+        int failed = harness_run_faulty(4, harness_until_failure, NULL, &cfg, 30, &f, &res);
         const char *why = NULL;
         if (failed != 0)
             why = "a surviving rank failed its checks (see above)";
@@ -109,7 +82,7 @@ START_TEST(test_stopped_rank_times_out)
     harness_result res;
     double t0 = now_s();
     /* The stopped rank is killed by the harness deadline; survivors pass. */
-    int failed = harness_run_faulty(3, until_failure_body, NULL, &cfg, 8, &f, &res);
+    int failed = harness_run_faulty(3, harness_until_failure, NULL, &cfg, 8, &f, &res);
     ck_assert_int_eq(res.exit_code[0], 0);
     ck_assert_int_eq(res.exit_code[1], 0);
     ck_assert_int_eq(failed, 1); /* the stopped rank, killed at the deadline */

@@ -282,29 +282,6 @@ START_TEST(test_mismatch)
 }
 END_TEST
 
-/* Loop hier all-reduces until one fails: it must be PEER or TIMEOUT, and
- * the next call must return the same at once (the group is broken). */
-static int until_failure_body(braid_pg *pg, void *arg)
-{
-    (void)arg;
-    enum { N = 1 << 18 };
-    static float buf[N];
-    int rank = braid_pg_rank(pg);
-    for (int iter = 0; iter < 100000; iter++) {
-        for (int i = 0; i < N; i += 997)
-            buf[i] = 1.0f;
-        braid_status st = braid_allreduce(pg, buf, buf, N, BRAID_F32, BRAID_SUM, NULL, NULL);
-        if (st == BRAID_OK)
-            continue;
-        if (st != BRAID_ERR_PEER && st != BRAID_ERR_TIMEOUT)
-            HARNESS_FAIL("rank %d: unexpected %s: %s", rank, braid_status_string(st), braid_last_error());
-        if (braid_allreduce(pg, buf, buf, N, BRAID_F32, BRAID_SUM, NULL, NULL) != st)
-            HARNESS_FAIL("rank %d: the call after a failure did not return the same status", rank);
-        return 0;
-    }
-    HARNESS_FAIL("rank %d: no failure seen", rank);
-}
-
 /* A rank killed in the middle of the loop: every survivor, whichever pass
  * it is in, fails within the timeout plus a margin. Every rank in turn. */
 START_TEST(test_kill)
@@ -316,7 +293,7 @@ START_TEST(test_kill)
     harness_rank_setup = set_host;
     harness_fault f = {.rank = _i, .after_ms = 150 + 70 * _i};
     harness_result res;
-    int failed = harness_run_faulty(4, until_failure_body, NULL, &cfg, 30, &f, &res);
+    int failed = harness_run_faulty(4, harness_until_failure, NULL, &cfg, 30, &f, &res);
     harness_rank_setup = NULL;
     ck_assert_msg(failed == 0, "%d survivors did not fail cleanly after rank %d was killed", failed, _i);
     ck_assert_msg(res.fault_to_end_s < 3.0 + 2.0, "survivors took %.2f s after the kill", res.fault_to_end_s);
