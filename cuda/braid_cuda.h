@@ -43,6 +43,11 @@ int braid__cuda_available(void);
  *  CUDA driver: ..."); "" when it is 1. Never NULL. */
 const char *braid__cuda_unavailable_reason(void);
 
+/** Whether NVIDIA device nodes exist (/dev/nvidiactl), without loading the
+ * driver: a CPU-only job must never load it, so group creation asks this,
+ * not braid__cuda_available(), before offering cuda_ipc device links. */
+int braid__cuda_device_nodes_present(void);
+
 /** Number of visible devices (0 when unavailable). */
 int braid__cuda_device_count(void);
 

@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <unistd.h>
 
 #include <cuda_runtime_api.h>
 
@@ -44,6 +45,15 @@ static void probe(void)
         BRAID_INFO("cuda: %s", unavailable_reason);
     else
         BRAID_INFO("cuda: %d device(s)", n);
+}
+
+int braid__cuda_device_nodes_present(void)
+{
+#ifdef BRAID_CUDA_FAKE
+    return 1; /* the stand-in runtime of tests/cuda_fake.c has its one device */
+#else
+    return access("/dev/nvidiactl", F_OK) == 0;
+#endif
 }
 
 int braid__cuda_available(void)

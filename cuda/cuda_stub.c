@@ -11,6 +11,11 @@ int braid__cuda_available(void)
     return 0;
 }
 
+int braid__cuda_device_nodes_present(void)
+{
+    return 0;
+}
+
 const char *braid__cuda_unavailable_reason(void)
 {
     return NO_CUDA;

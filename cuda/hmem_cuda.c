@@ -38,7 +38,9 @@
 
 #include "algo/algo.h"
 #include "braid_cuda.h"
+#include "devlink.h"
 #include "hmem.h"
+#include "transports/cuda_ipc/cuda_ipc.h"
 #include "log.h"
 #include "status.h"
 #include "transport.h"
@@ -479,11 +481,19 @@ static braid_status stage(braid_pg *pg, braid_coll *coll)
  *    successor's and deadlock the ring once a segment has more chunks than
  *    the windows hold.
  *
- * A side whose connection moves device memory itself (cuda_ipc:
- * conn_takes_device_memory) skips its pinned slots: receives land in
+ * A side whose connection moves device memory itself (a device link,
+ * src/devlink.c, where the neighbour runs the device ring too; or a group
+ * whose transport is cuda_ipc) skips its pinned slots: receives land in
  * dslot (reduce-scatter) or in recv (all-gather) and a slot is free once
  * the kernel that read it finished; sends go from send/recv once ev_d2h,
  * recorded on d2h after the producer, completed.
+ *
+ * Which connection each side uses is settled before any data moves
+ * (pick_links): fingerprints go over the host links, forwards and, where
+ * a device link exists, backwards, flagged as the device ring's; a side
+ * takes its device link when the neighbour's flag says it runs the device
+ * ring too and the link settles as usable, else the host link (a host
+ * rank in the call, GPUs that cannot reach each other).
  *
  * Only the host waits on events (cudaEventQuery in the loop; a blocking
  * wait when nothing else can move), streams wait on each other through
@@ -560,6 +570,72 @@ static int conn_takes_device_memory(const braid_conn *conn)
     return ipc && conn->ops == ipc;
 }
 
+/* Control messages still going out on the device links in use (see
+ * braid__cuda_ipc_tx_pending): the ring ends only once they are out. */
+static braid_status links_pending(braid_conn *to_next, braid_conn *host_next, braid_conn *from_prev,
+                                  braid_conn *host_prev, int *pending)
+{
+    int n = 0, m = 0;
+    if (to_next != host_next)
+        BRAID_CHECK(braid__cuda_ipc_tx_pending(to_next, &n));
+    if (from_prev != host_prev && from_prev != to_next)
+        BRAID_CHECK(braid__cuda_ipc_tx_pending(from_prev, &m));
+    *pending = n + m;
+    return BRAID_OK;
+}
+
+/* The connections the device ring moves data on (see above), once the
+ * fingerprints from prev (forwards) and next (backwards, with a device
+ * link only) arrived and matched. */
+static braid_status pick_links(braid_algo_run *run, braid_fp_back *back, int next, int prev, braid_conn *host_next,
+                               braid_conn *host_prev, braid_conn **to_next, braid_conn **from_prev)
+{
+    braid_pg *pg = run->pg;
+    braid_conn *dl_next = braid__devlink(pg, next), *dl_prev = braid__devlink(pg, prev);
+    int fp_checked = 0, back_done = 0;
+    *to_next = host_next;
+    *from_prev = host_prev;
+    for (;;) {
+        int moved = 0;
+        if (!fp_checked) {
+            BRAID_CHECK(braid__fp_poll(run, &fp_checked));
+            moved |= fp_checked;
+        }
+        if (!back_done) {
+            BRAID_CHECK(braid__fp_back_poll(run, back, &back_done));
+            moved |= back_done;
+        }
+        /* The device links are progressed too: control messages of the
+         * previous call may still be going out on them. */
+        braid_conn *waits[4] = {host_next, host_prev};
+        int nwaits = host_next == host_prev ? 1 : 2, settled_all = fp_checked && back_done;
+        if (dl_next)
+            waits[nwaits++] = dl_next;
+        if (dl_prev && dl_prev != dl_next)
+            waits[nwaits++] = dl_prev;
+        if (settled_all) {
+            /* Both fingerprints in: which neighbours run the device ring. */
+            int use_next = dl_next && back->exchanged && braid__fp_dring(back->theirs);
+            int use_prev = dl_prev && braid__fp_dring(run->fp_in.theirs);
+            int settled, usable;
+            if (use_next) {
+                BRAID_CHECK(braid__devlink_settle(pg, next, &settled, &usable));
+                settled_all &= settled;
+                *to_next = settled && usable ? dl_next : host_next;
+            }
+            if (use_prev) {
+                BRAID_CHECK(braid__devlink_settle(pg, prev, &settled, &usable));
+                settled_all &= settled;
+                *from_prev = settled && usable ? dl_prev : host_prev;
+            }
+        }
+        if (settled_all)
+            return BRAID_OK;
+        if (!moved)
+            BRAID_CHECK(braid__algo_wait(run, waits, nwaits, !fp_checked ? prev : next));
+    }
+}
+
 /* 1 when ev completed, 0 when not yet; errors are returned. */
 static braid_status event_done(braid_pg *pg, cudaEvent_t ev, int *done)
 {
@@ -597,23 +673,41 @@ static braid_status device_ring(braid_pg *pg, braid_coll *coll)
     braid_algo_run run;
     braid__algo_run_init(&run, pg, &rc);
     int next = (g.rank + 1) % g.n, prev = (g.rank + g.n - 1) % g.n;
-    braid_conn *conns[2];
-    BRAID_CHECK(braid__pg_conn(pg, next, &conns[0]));
-    BRAID_CHECK(braid__pg_conn(pg, prev, &conns[1]));
-    int nconns = conns[0] == conns[1] ? 1 : 2;
-    braid_conn *to_next = conns[0], *from_prev = conns[nconns - 1];
-    /* Sides whose transport moves device memory: no pinned slot there. */
-    int dsend = conn_takes_device_memory(to_next), drecv = conn_takes_device_memory(from_prev);
+    braid_conn *host_next, *host_prev;
+    BRAID_CHECK(braid__pg_conn(pg, next, &host_next));
+    BRAID_CHECK(braid__pg_conn(pg, prev, &host_prev));
 
     uint8_t fp_mine[BRAID_FP_BYTES];
     braid_req fp_send_req;
+    braid_fp_back back;
     braid__fp_encode(&rc, fp_mine);
-    braid_status st = to_next->ops->isend(to_next, &fp_send_req, fp_mine, sizeof(fp_mine));
+    braid__fp_set_dring(fp_mine);
+    braid_status st = host_next->ops->isend(host_next, &fp_send_req, fp_mine, sizeof(fp_mine));
     if (st == BRAID_OK)
-        st = braid__fp_recv(&run, from_prev, prev);
+        st = braid__fp_recv(&run, host_prev, prev);
+    if (st == BRAID_OK)
+        st = braid__fp_back_start(&run, &back, fp_mine, prev, next);
+    braid_conn *to_next = host_next, *from_prev = host_prev;
+    if (st == BRAID_OK)
+        st = pick_links(&run, &back, next, prev, host_next, host_prev, &to_next, &from_prev);
     if (st != BRAID_OK)
         return braid__fp_explain(&run, st);
-    int fp_sent = 0, fp_checked = 0;
+    int fp_sent = 0;
+    /* Sides whose connection moves device memory: no pinned slot there. */
+    int dsend = to_next != host_next || conn_takes_device_memory(to_next);
+    int drecv = from_prev != host_prev || conn_takes_device_memory(from_prev);
+    /* Waits cover the data links and the host links (the forward
+     * fingerprint may still be going out; a failing peer closes both). */
+    braid_conn *conns[4];
+    int nconns = 0;
+    braid_conn *all[4] = {to_next, from_prev, host_next, host_prev};
+    for (int i = 0; i < 4; i++) {
+        int seen = 0;
+        for (int j = 0; j < nconns; j++)
+            seen |= conns[j] == all[i];
+        if (!seen)
+            conns[nconns++] = all[i];
+    }
 
     dcursor post_r, done_r, stage_s, post_s;
     dcur_init(&g, &post_r, 1);
@@ -699,13 +793,10 @@ static braid_status device_ring(braid_pg *pg, braid_coll *coll)
             moved = 1;
         }
 
-        if (!fp_checked) {
-            BRAID_CHECK(braid__fp_explain(&run, braid__fp_poll(&run, &fp_checked)));
-            moved |= fp_checked;
-        }
         /* Arrived chunks go up (unless the transport put them on the
-         * device already); reduce-scatter chunks are reduced. */
-        while (fp_checked && n_done_r < n_posted_r) {
+         * device already); reduce-scatter chunks are reduced. The
+         * fingerprints were checked by pick_links. */
+        while (n_done_r < n_posted_r) {
             size_t off, len, k = n_done_r, s = k % DRING_RECV_SLOTS;
             BRAID_CHECK(braid__fp_explain(&run, braid__algo_test(&run, &rreq[s], &done)));
             if (!done)
@@ -750,8 +841,11 @@ static braid_status device_ring(braid_pg *pg, braid_coll *coll)
             moved = 1;
         }
 
-        if (fp_sent && fp_checked && dcur_done(&post_s) && dcur_done(&post_r) && n_done_r == n_posted_r &&
-            n_done_s == n_posted_s) {
+        int ctrl_pending = 0;
+        if (fp_sent && dcur_done(&post_s) && dcur_done(&post_r) && n_done_r == n_posted_r && n_done_s == n_posted_s)
+            BRAID_CHECK(braid__fp_explain(&run, links_pending(to_next, host_next, from_prev, host_prev, &ctrl_pending)));
+        if (fp_sent && dcur_done(&post_s) && dcur_done(&post_r) && n_done_r == n_posted_r &&
+            n_done_s == n_posted_s && !ctrl_pending) {
             /* Everything went up and every kernel ran: recv is final. */
             CUDA_CALL(cudaStreamSynchronize(h->h2d), "cudaStreamSynchronize", pg->rank);
             CUDA_CALL(cudaStreamSynchronize(h->comp), "cudaStreamSynchronize", pg->rank);
@@ -764,7 +858,7 @@ static braid_status device_ring(braid_pg *pg, braid_coll *coll)
                 CUDA_CALL(cudaEventSynchronize(block_on), "cudaEventSynchronize", pg->rank);
                 continue;
             }
-            st = braid__algo_wait(&run, conns, nconns, n_done_r < n_posted_r || !fp_checked ? prev : next);
+            st = braid__algo_wait(&run, conns, nconns, n_done_r < n_posted_r ? prev : next);
             if (st != BRAID_OK)
                 return braid__fp_explain(&run, st);
         }

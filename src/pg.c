@@ -19,6 +19,7 @@
 #include "transport.h"
 #include "hmem.h"
 #include "checksum.h"
+#include "devlink.h"
 
 #define DEFAULT_TIMEOUT_MS 300000
 #define AUTO_NSOCKS 0 /* the transport picks per peer */
@@ -121,6 +122,7 @@ static void pg_release(braid_pg *pg)
     braid__hmem_pg_release(pg);
     braid__shrink_release(pg);
     braid__group_release(pg);
+    braid__devlink_release(pg);
     for (int i = 0; i < pg->size; i++)
         if (pg->conns[i])
             pg->conns[i]->ops->close(pg->conns[i]);
@@ -366,6 +368,7 @@ static braid_status pg_join(braid_pg *pg, const braid_rendezvous *rv, const brai
         pg->local_listener = NULL;
         pg->local_addr[pg->rank][0] = '\0';
     }
+    BRAID_CHECK(braid__devlink_listen(pg, want));
     BRAID_CHECK(exchange_addresses(pg));
     /* Every rank announced its checksum setting before its address, so all
      * are counted now; read before the barrier, which rank 0's store
@@ -373,6 +376,7 @@ static braid_status pg_join(braid_pg *pg, const braid_rendezvous *rv, const brai
     int64_t checksum_ranks;
     BRAID_CHECK(braid__checksum_count(pg->store, &checksum_ranks));
     BRAID_CHECK(exchange_local(pg));
+    BRAID_CHECK(braid__devlink_exchange(pg));
     BRAID_CHECK(braid__shrink_prepare(pg, cfg));
     BRAID_CHECK(store_barrier(pg, "init"));
     BRAID_CHECK(braid__checksum_agree(pg->store, pg->rank, pg->size, pg->checksum, checksum_ranks, pg->timeout_ms));
@@ -396,6 +400,7 @@ static braid_status pg_join(braid_pg *pg, const braid_rendezvous *rv, const brai
         for (int p = 0; p < pg->rank; p++)
             BRAID_CHECK(braid__pg_conn(pg, p, &c));
     }
+    BRAID_CHECK(braid__devlink_connect(pg));
     BRAID_CHECK(braid__work_start_thread(pg));
     int nlocal = 0;
     for (int p = 0; p < pg->size; p++)
@@ -404,9 +409,10 @@ static braid_status pg_join(braid_pg *pg, const braid_rendezvous *rv, const brai
     if (pg->ctx.nsocks > 0)
         snprintf(socks, sizeof(socks), "%d", pg->ctx.nsocks);
     BRAID_INFO("rank %d of %d joined via %s:%d, transport %s, listening on %s, %s sockets/peer, chunk %zu, "
-               "%s for %d same-host peers",
+               "%s for %d same-host peers, %d cuda_ipc device links",
                pg->rank, pg->size, rv->host, rv->port, pg->transport->name, pg->peer_addr[pg->rank], socks,
-               pg->chunk_bytes, pg->local_transport ? pg->local_transport->name : "none", nlocal);
+               pg->chunk_bytes, pg->local_transport ? pg->local_transport->name : "none", nlocal,
+               braid__devlink_count(pg));
     return BRAID_OK;
 }
 
@@ -570,6 +576,7 @@ void braid__pg_fail(braid_pg *pg, braid_status status)
             pg->conns[i] = NULL;
         }
     }
+    braid__devlink_close(pg);
 }
 
 braid_status braid__pg_check_usable(braid_pg *pg, const char *op_name)

@@ -82,6 +82,9 @@ struct braid_pg {
     struct braid_hier_topo *hier_topo;
     unsigned algo_logged;
     braid_conn **conns;         /* [size]; NULL until first use */
+    /* cuda_ipc links to same-host ring neighbours for device all-reduces
+     * (devlink.c); NULL when there are none. */
+    struct braid_devlinks *devlinks;
 
     /* Failure state: sticky first error, abort flag and a wake-up fd that
      * blocked progress loops poll, so abort is seen at once. */

@@ -9,36 +9,39 @@
 #ifdef BRAID_HAVE_VERBS
 #include "transports/verbs/verbs.h"
 #endif
-#ifdef BRAID_HAVE_CUDA
 #include "transports/cuda_ipc/cuda_ipc.h"
-#endif
 
-static const braid_transport_ops *const builtin[BRAID_TRANSPORT_ID_COUNT] = {
+static const braid_transport_ops *const fixed[BRAID_TRANSPORT_ID_COUNT] = {
     [BRAID_TRANSPORT_TCP] = &braid__tcp_ops,
     [BRAID_TRANSPORT_SHM] = &braid__shm_ops,
 #ifdef BRAID_HAVE_VERBS
     [BRAID_TRANSPORT_VERBS] = &braid__verbs_ops,
 #endif
-#ifdef BRAID_HAVE_CUDA
-    [BRAID_TRANSPORT_CUDA_IPC] = &braid__cuda_ipc_ops,
-#endif
 };
 
-/* Auto-selection order: fastest first, TCP last since it works anywhere. */
-static const braid_transport_id preference[] = {BRAID_TRANSPORT_VERBS, BRAID_TRANSPORT_TCP,
-                                                /* only by name until a pair's buffers decide (docs/CUDA.md) */
-                                                BRAID_TRANSPORT_CUDA_IPC};
+/* cuda_ipc comes from its own file (a stub without CUDA, which says
+ * NULL), so that a test can link the transport against a stand-in
+ * runtime. */
+static const braid_transport_ops *builtin_at(int id)
+{
+    return id == BRAID_TRANSPORT_CUDA_IPC ? braid__cuda_ipc_transport() : fixed[id];
+}
+
+/* Auto-selection order: fastest first, TCP last since it works anywhere.
+ * cuda_ipc is never the whole group's transport unless named: it serves
+ * device calls between same-host GPU ring neighbours (src/devlink.c). */
+static const braid_transport_id preference[] = {BRAID_TRANSPORT_VERBS, BRAID_TRANSPORT_TCP};
 
 const braid_transport_ops *braid__transport_get(braid_transport_id id)
 {
-    return (unsigned)id < BRAID_TRANSPORT_ID_COUNT ? builtin[id] : NULL;
+    return (unsigned)id < BRAID_TRANSPORT_ID_COUNT ? builtin_at(id) : NULL;
 }
 
 static const braid_transport_ops *by_name(const char *name, size_t len)
 {
     for (int i = 0; i < BRAID_TRANSPORT_ID_COUNT; i++)
-        if (builtin[i] && strlen(builtin[i]->name) == len && !strncmp(builtin[i]->name, name, len))
-            return builtin[i];
+        if (builtin_at(i) && strlen(builtin_at(i)->name) == len && !strncmp(builtin_at(i)->name, name, len))
+            return builtin_at(i);
     return NULL;
 }
 
@@ -56,13 +59,13 @@ static int usable(const braid_transport_ops *ops, int rank, char *why, size_t wh
  * them, and a pair whose ends chose differently could never connect. */
 static int agreed(const braid_transport_ops *t)
 {
-    return t && t == builtin[BRAID_TRANSPORT_VERBS];
+    return t && t == builtin_at(BRAID_TRANSPORT_VERBS);
 }
 
 int braid__transport_agreement_needed(void)
 {
     for (int i = 0; i < BRAID_TRANSPORT_ID_COUNT; i++)
-        if (agreed(builtin[i]))
+        if (agreed(builtin_at(i)))
             return 1;
     return 0;
 }
@@ -91,7 +94,7 @@ static int candidate(const char *want, const braid_transport_ops *t)
 {
     if (!want) {
         for (size_t i = 0; i < sizeof(preference) / sizeof(preference[0]); i++)
-            if (builtin[preference[i]] == t)
+            if (builtin_at(preference[i]) == t)
                 return 1;
         return 0;
     }
@@ -108,7 +111,7 @@ void braid__transport_vote(const char *want, char *vote, size_t cap)
     size_t used = 0;
     vote[0] = '\0';
     for (int i = 0; i < BRAID_TRANSPORT_ID_COUNT; i++) {
-        const braid_transport_ops *t = builtin[i];
+        const braid_transport_ops *t = builtin_at(i);
         if (!agreed(t) || !candidate(want, t))
             continue;
         char why[BRAID_TRANSPORT_WHY_MAX] = "";
@@ -159,7 +162,7 @@ static int vote_says(const char *vote, const braid_transport_ops *t, char *why, 
 void braid__transport_tally_add(braid_transport_tally *tally, int voter, const char *vote)
 {
     for (int i = 0; i < BRAID_TRANSPORT_ID_COUNT; i++) {
-        const braid_transport_ops *t = builtin[i];
+        const braid_transport_ops *t = builtin_at(i);
         char why[BRAID_TRANSPORT_WHY_MAX];
         if (!agreed(t) || vote_says(vote, t, why, sizeof(why)))
             continue;
@@ -172,9 +175,20 @@ void braid__transport_tally_add(braid_transport_tally *tally, int voter, const c
     tally->voters++;
 }
 
+int braid__transport_devlinks_wanted(const char *want)
+{
+    const braid_transport_ops *ipc = builtin_at(BRAID_TRANSPORT_CUDA_IPC);
+    if (!ipc)
+        return 0;
+    if (!want)
+        return 1;
+    int has;
+    return list_count(want, ipc->name, &has) > 1 && has;
+}
+
 const braid_transport_ops *braid__transport_select_local(const char *want, int rank)
 {
-    const braid_transport_ops *shm = builtin[BRAID_TRANSPORT_SHM];
+    const braid_transport_ops *shm = builtin_at(BRAID_TRANSPORT_SHM);
     char why[512];
     if (!shm)
         return NULL;
@@ -200,7 +214,7 @@ static void tally_reason(const braid_transport_tally *tally, int id, char *why, 
 static int id_of(const braid_transport_ops *t)
 {
     for (int i = 0; i < BRAID_TRANSPORT_ID_COUNT; i++)
-        if (builtin[i] == t)
+        if (builtin_at(i) == t)
             return i;
     return -1;
 }
@@ -224,8 +238,11 @@ braid_status braid__transport_select(const char *want, int rank, const braid_tra
 {
     /* shm reaches only this host: next to other names it serves same-host
      * peers (braid__transport_select_local) and the others pick the rest. */
-    int has_shm = 0;
+    int has_shm = 0, has_ipc = 0;
     int skip_shm = want && list_count(want, "shm", &has_shm) > 1 && has_shm;
+    /* Likewise cuda_ipc: next to other names it serves device calls
+     * between same-host neighbours (braid__transport_devlinks_wanted). */
+    int skip_ipc = want && list_count(want, "cuda_ipc", &has_ipc) > 1 && has_ipc;
     char why[BRAID_TRANSPORT_WHY_MAX] = "", refused_why[BRAID_TRANSPORT_WHY_MAX] = "";
     const char *last = NULL;
     const braid_transport_ops *refused = NULL, *chosen = NULL;
@@ -241,10 +258,11 @@ braid_status braid__transport_select(const char *want, int rank, const braid_tra
             p += len;
             if (*p == ',')
                 p++;
-            if (!t || (skip_shm && t == builtin[BRAID_TRANSPORT_SHM]))
-                continue; /* shm here: same-host peers only, chosen by braid__transport_select_local */
+            if (!t || (skip_shm && t == builtin_at(BRAID_TRANSPORT_SHM)) ||
+                (skip_ipc && t == builtin_at(BRAID_TRANSPORT_CUDA_IPC)))
+                continue; /* same-host peers only: braid__transport_select_local, src/devlink.c */
         } else {
-            t = builtin[preference[k]];
+            t = builtin_at(preference[k]);
             if (!t)
                 continue;
         }

@@ -8,7 +8,7 @@ typedef enum {
     BRAID_TRANSPORT_TCP = 0,
     BRAID_TRANSPORT_VERBS,     /* NULL unless built with libibverbs */
     BRAID_TRANSPORT_SHM,       /* same-host peers (Linux memfd) */
-    BRAID_TRANSPORT_CUDA_IPC,  /* same-host GPU peers; NULL unless built with CUDA */
+    BRAID_TRANSPORT_CUDA_IPC,  /* same-host GPU peers; NULL unless built with CUDA (or linked by a test) */
     BRAID_TRANSPORT_ID_COUNT
 } braid_transport_id;
 
@@ -55,5 +55,11 @@ braid_status braid__transport_select(const char *want, int rank, const braid_tra
  * the only name in want: then it is the group's transport for every peer).
  * braid__transport_select skips shm in a list that names others. */
 const braid_transport_ops *braid__transport_select_local(const char *want, int rank);
+
+/* Whether the group should add cuda_ipc device links between same-host
+ * ring neighbours (src/devlink.c): cuda_ipc is built and want is NULL or
+ * names it next to other transports (alone, it is the group's transport;
+ * a list without it leaves it out). */
+int braid__transport_devlinks_wanted(const char *want);
 
 #endif

@@ -5,11 +5,21 @@
  * time of the call, as CUDA's do. Also defines the kernel entry points of
  * braid_cuda.h (braid__cuda_reduce on the CPU engine, the others
  * unsupported), so libbraid_internal's cuda_stub.o is never pulled in next
- * to the real cuda_device.c this test compiles. */
+ * to the real cuda_device.c this test compiles.
+ *
+ * Device memory and inter-process events are memfd mappings, so that IPC
+ * handles ({pid, fd, size}) open in other processes through
+ * /proc/<pid>/fd/<fd>. A shared event is recorded in one process and
+ * waited on in another, where no condition variable reaches: waits on one
+ * poll. */
+#include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -39,15 +49,33 @@ struct fake_stream {
     struct fake_stream *next_stream;
 };
 
+/* An event's generation counters: in the event itself, or for an
+ * inter-process event in a memfd mapping other processes open too. */
+typedef struct {
+    _Atomic uint64_t recorded, completed;
+} fake_counters;
+
 struct fake_event {
-    uint64_t recorded, completed;
+    fake_counters own;
+    fake_counters *c; /* &own, or the shared mapping */
+    int shared;
+    int fd;           /* the shared mapping's memfd when we made it; else -1 */
 };
 
 typedef struct fake_alloc {
     char *p;
     size_t n;
+    int fd;     /* the owner's memfd; -1 for a mapping opened from a handle */
     struct fake_alloc *next;
 } fake_alloc;
+
+#define FAKE_IPC_MAGIC 0x46495043u /* "CPIF" */
+
+typedef struct {
+    uint32_t magic;
+    int32_t pid, fd;
+    uint64_t size;
+} fake_ipc_handle;
 
 static pthread_mutex_t G = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t GC = PTHREAD_COND_INITIALIZER;
@@ -73,6 +101,66 @@ static void jitter(void)
         usleep(us);
 }
 
+/* Wait (holding G) until e completed generation gen. */
+static void event_wait_locked(struct fake_event *e, uint64_t gen)
+{
+    while (e->c->completed < gen) {
+        if (e->shared) {
+            pthread_mutex_unlock(&G);
+            usleep(20);
+            pthread_mutex_lock(&G);
+        } else {
+            pthread_cond_wait(&GC, &G);
+        }
+    }
+}
+
+/* A shared mapping of n bytes backed by a new memfd. */
+static void *shared_map(size_t n, int *fd_out)
+{
+    int fd = memfd_create("cuda-fake", MFD_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    if (ftruncate(fd, (off_t)n) != 0) {
+        close(fd);
+        return NULL;
+    }
+    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        close(fd);
+        return NULL;
+    }
+    *fd_out = fd;
+    return p;
+}
+
+static void handle_put(char out[64], int fd, size_t size)
+{
+    fake_ipc_handle h = {.magic = FAKE_IPC_MAGIC, .pid = (int32_t)getpid(), .fd = fd, .size = size};
+    memset(out, 0, 64);
+    memcpy(out, &h, sizeof(h));
+}
+
+/* Map another process's memfd named by a handle. */
+static void *handle_map(const char in[64], size_t *size)
+{
+    fake_ipc_handle h;
+    memcpy(&h, in, sizeof(h));
+    if (h.magic != FAKE_IPC_MAGIC || h.size == 0)
+        return NULL;
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)h.pid, (int)h.fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    void *p = mmap(NULL, h.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED)
+        return NULL;
+    *size = h.size;
+    return p;
+}
+
 static void *stream_main(void *arg)
 {
     struct fake_stream *s = arg;
@@ -91,12 +179,11 @@ static void *stream_main(void *arg)
             pthread_mutex_lock(&G);
             break;
         case OP_RECORD:
-            if (op->ev->completed < op->gen)
-                op->ev->completed = op->gen;
+            if (op->ev->c->completed < op->gen)
+                op->ev->c->completed = op->gen;
             break;
         case OP_WAIT:
-            while (op->ev->completed < op->gen)
-                pthread_cond_wait(&GC, &G);
+            event_wait_locked(op->ev, op->gen);
             break;
         case OP_HOSTFN:
         case OP_KERNEL:
@@ -178,8 +265,39 @@ cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorInvali
 
 cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int d)
 {
-    (void)a, (void)d;
-    *v = 1;
+    (void)d;
+    const char *no_ipc = getenv("CUDA_FAKE_NO_IPC");
+    *v = a == cudaDevAttrIpcEventSupport && no_ipc && no_ipc[0] == '1' ? 0 : 1;
+    return cudaSuccess;
+}
+
+static const char *bus_id(void)
+{
+    const char *id = getenv("CUDA_FAKE_BUS_ID");
+    return id && id[0] ? id : "0000:01:00.0";
+}
+
+cudaError_t cudaDeviceGetPCIBusId(char *id, int len, int device)
+{
+    if (device != 0 || len < 13)
+        return cudaErrorInvalidValue;
+    snprintf(id, (size_t)len, "%s", bus_id());
+    return cudaSuccess;
+}
+
+/* Only this process's own device is visible. */
+cudaError_t cudaDeviceGetByPCIBusId(int *device, const char *id)
+{
+    if (strcmp(id, bus_id()) != 0)
+        return cudaErrorInvalidDevice;
+    *device = 0;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceCanAccessPeer(int *can, int device, int peer)
+{
+    (void)device, (void)peer;
+    *can = 0;
     return cudaSuccess;
 }
 
@@ -207,22 +325,44 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void
     return cudaSuccess;
 }
 
-cudaError_t cudaMalloc(void **p, size_t n)
+static void alloc_add(char *m, size_t n, int fd, fake_alloc *f)
 {
-    fake_alloc *f = malloc(sizeof(*f));
-    char *m = malloc(n ? n : 1);
-    if (!f || !m) {
-        free(f);
-        free(m);
-        return cudaErrorMemoryAllocation;
-    }
-    memset(m, 0xEE, n); /* device memory starts as garbage */
     f->p = m;
-    f->n = n ? n : 1;
+    f->n = n;
+    f->fd = fd;
     pthread_mutex_lock(&G);
     f->next = allocs;
     allocs = f;
     pthread_mutex_unlock(&G);
+}
+
+/* Remove p's record; returns it (the caller frees it) or NULL. */
+static fake_alloc *alloc_take(const void *p)
+{
+    fake_alloc *found = NULL;
+    pthread_mutex_lock(&G);
+    for (fake_alloc **f = &allocs; *f; f = &(*f)->next)
+        if ((*f)->p == p) {
+            found = *f;
+            *f = found->next;
+            break;
+        }
+    pthread_mutex_unlock(&G);
+    return found;
+}
+
+cudaError_t cudaMalloc(void **p, size_t n)
+{
+    fake_alloc *f = malloc(sizeof(*f));
+    int fd = -1;
+    size_t len = n ? n : 1;
+    char *m = f ? shared_map(len, &fd) : NULL;
+    if (!m) {
+        free(f);
+        return cudaErrorMemoryAllocation;
+    }
+    memset(m, 0xEE, len); /* device memory starts as garbage */
+    alloc_add(m, len, fd, f);
     *p = m;
     return cudaSuccess;
 }
@@ -232,16 +372,61 @@ cudaError_t cudaFree(void *p)
     if (!p)
         return cudaSuccess;
     cudaDeviceSynchronize(); /* as CUDA's cudaFree does */
+    fake_alloc *f = alloc_take(p);
+    if (!f)
+        return cudaErrorInvalidValue;
+    if (f->fd < 0) { /* opened from a handle: cudaIpcCloseMemHandle's */
+        alloc_add(f->p, f->n, f->fd, f);
+        return cudaErrorInvalidValue;
+    }
+    munmap(f->p, f->n);
+    close(f->fd);
+    free(f);
+    return cudaSuccess;
+}
+
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p)
+{
+    int fd = -1;
+    size_t n = 0;
     pthread_mutex_lock(&G);
-    for (fake_alloc **f = &allocs; *f; f = &(*f)->next)
-        if ((*f)->p == p) {
-            fake_alloc *dead = *f;
-            *f = dead->next;
-            free(dead);
-            break;
-        }
+    for (fake_alloc *f = allocs; f; f = f->next)
+        if (f->p == p && f->fd >= 0)
+            fd = f->fd, n = f->n;
     pthread_mutex_unlock(&G);
-    free(p);
+    if (fd < 0)
+        return cudaErrorInvalidValue; /* not the base of an allocation of ours */
+    handle_put(h->reserved, fd, n);
+    return cudaSuccess;
+}
+
+cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned flags)
+{
+    (void)flags;
+    fake_alloc *f = malloc(sizeof(*f));
+    size_t n = 0;
+    char *m = f ? handle_map(h.reserved, &n) : NULL;
+    if (!m) {
+        free(f);
+        return cudaErrorMapBufferObjectFailed;
+    }
+    alloc_add(m, n, -1, f);
+    *p = m;
+    return cudaSuccess;
+}
+
+cudaError_t cudaIpcCloseMemHandle(void *p)
+{
+    cudaDeviceSynchronize();
+    fake_alloc *f = alloc_take(p);
+    if (!f)
+        return cudaErrorInvalidValue;
+    if (f->fd >= 0) { /* our own allocation: cudaFree's */
+        alloc_add(f->p, f->n, f->fd, f);
+        return cudaErrorInvalidValue;
+    }
+    munmap(f->p, f->n);
+    free(f);
     return cudaSuccess;
 }
 
@@ -319,11 +504,19 @@ cudaError_t cudaStreamSynchronize(cudaStream_t st)
     return cudaSuccess;
 }
 
+cudaError_t cudaStreamQuery(cudaStream_t st)
+{
+    pthread_mutex_lock(&G);
+    int idle = resolve_locked(st)->head == NULL;
+    pthread_mutex_unlock(&G);
+    return idle ? cudaSuccess : cudaErrorNotReady;
+}
+
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags)
 {
     (void)flags;
     pthread_mutex_lock(&G);
-    uint64_t gen = e->recorded;
+    uint64_t gen = e->c->recorded;
     pthread_mutex_unlock(&G);
     enqueue(s, (fake_op){.kind = OP_WAIT, .ev = e, .gen = gen});
     return cudaSuccess;
@@ -344,23 +537,67 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *arg)
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags)
 {
-    (void)flags;
-    *e = calloc(1, sizeof(**e));
-    return *e ? cudaSuccess : cudaErrorMemoryAllocation;
+    struct fake_event *ev = calloc(1, sizeof(*ev));
+    if (!ev)
+        return cudaErrorMemoryAllocation;
+    ev->c = &ev->own;
+    ev->fd = -1;
+    if (flags & cudaEventInterprocess) {
+        ev->c = shared_map(sizeof(fake_counters), &ev->fd);
+        if (!ev->c) {
+            free(ev);
+            return cudaErrorMemoryAllocation;
+        }
+        memset(ev->c, 0, sizeof(fake_counters));
+        ev->shared = 1;
+    }
+    *e = ev;
+    return cudaSuccess;
 }
 
 /* Kept alive (leaked): a stream may still hold a wait on it, which CUDA
- * allows. */
+ * allows. A shared event's memfd is closed: no new handle may open it. */
 cudaError_t cudaEventDestroy(cudaEvent_t e)
 {
-    (void)e;
+    pthread_mutex_lock(&G);
+    if (e->fd >= 0) {
+        close(e->fd);
+        e->fd = -1;
+    }
+    pthread_mutex_unlock(&G);
+    return cudaSuccess;
+}
+
+cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *h, cudaEvent_t e)
+{
+    if (!e->shared || e->fd < 0)
+        return cudaErrorInvalidResourceHandle; /* made without cudaEventInterprocess */
+    handle_put(h->reserved, e->fd, sizeof(fake_counters));
+    return cudaSuccess;
+}
+
+cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *e, cudaIpcEventHandle_t h)
+{
+    size_t n = 0;
+    fake_counters *c = handle_map(h.reserved, &n);
+    if (!c)
+        return cudaErrorInvalidResourceHandle;
+    struct fake_event *ev = n == sizeof(*c) ? calloc(1, sizeof(*ev)) : NULL;
+    if (!ev) {
+        munmap(c, n);
+        return cudaErrorInvalidResourceHandle;
+    }
+    ev->c = c;
+    ev->shared = 1;
+    ev->fd = -1;
+    *e = ev;
     return cudaSuccess;
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
     pthread_mutex_lock(&G);
-    uint64_t gen = ++e->recorded;
+    uint64_t gen = ++e->c->recorded;
     pthread_mutex_unlock(&G);
     enqueue(s, (fake_op){.kind = OP_RECORD, .ev = e, .gen = gen});
     return cudaSuccess;
@@ -369,9 +606,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 cudaError_t cudaEventSynchronize(cudaEvent_t e)
 {
     pthread_mutex_lock(&G);
-    uint64_t gen = e->recorded;
-    while (e->completed < gen)
-        pthread_cond_wait(&GC, &G);
+    event_wait_locked(e, e->c->recorded);
     pthread_mutex_unlock(&G);
     return cudaSuccess;
 }
@@ -379,7 +614,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e)
 cudaError_t cudaEventQuery(cudaEvent_t e)
 {
     pthread_mutex_lock(&G);
-    int done = e->completed >= e->recorded;
+    int done = e->c->completed >= e->c->recorded;
     pthread_mutex_unlock(&G);
     return done ? cudaSuccess : cudaErrorNotReady;
 }

@@ -32,6 +32,7 @@
 #include <cuda_runtime_api.h>
 
 #ifdef BRAID_CUDA_FAKE
+#include "devlink.h"
 unsigned long cuda_fake_kernel_launches(void); /* tests/cuda_fake.c */
 #endif
 
@@ -222,6 +223,25 @@ static int pieces_body(braid_pg *pg, void *arg)
     return check_broadcast(pg, 3 * (size_t)BRAID_HMEM_PIECE_BYTES, 0, MODE_BLOCKING, 106);
 }
 
+#ifdef BRAID_CUDA_FAKE
+/* Whether the device link to peer settled as usable (-1: no link). Call
+ * between collectives, after a device ring with peer as neighbour. */
+static int link_usable(braid_pg *pg, int peer)
+{
+    if (!braid__devlink(pg, peer))
+        return -1;
+    int settled = 0, usable = 0;
+    braid_status st = braid__devlink_settle(pg, peer, &settled, &usable);
+    if (st != BRAID_OK || !settled) {
+        fprintf(stderr, "rank %d: device link to rank %d: %s\n", braid_pg_rank(pg), peer,
+                st != BRAID_OK ? braid_last_error() : "not settled");
+        return -2;
+    }
+    return usable;
+}
+
+#endif
+
 /* Above one piece a device all-reduce is one ring collective, the host
  * path's: a rank with host buffers can join the same call. Rank 0 uses
  * host memory, the others device memory (in place and not). */
@@ -249,6 +269,12 @@ static int mixed_body(braid_pg *pg, void *arg)
         CU(cudaMemcpy(ds, host, bytes, cudaMemcpyHostToDevice));
         if (braid_allreduce(pg, ds, dr, count, BRAID_F32, BRAID_SUM, NULL, NULL) != BRAID_OK)
             HARNESS_FAIL("rank %d: device allreduce next to a host rank: %s", rank, braid_last_error());
+#ifdef BRAID_CUDA_FAKE
+        /* Ranks 1 and 2 both run the device ring: their link carried it. */
+        int other = rank == 1 ? 2 : 1;
+        if (n == 3 && braid__devlink(pg, other) && link_usable(pg, other) != 1)
+            HARNESS_FAIL("rank %d: device link to rank %d not used next to a host rank", rank, other);
+#endif
         CU(cudaMemcpy(out, dr, bytes, cudaMemcpyDeviceToHost));
         if (dr != ds)
             CU(cudaFree(dr));
@@ -265,6 +291,73 @@ static int mixed_body(braid_pg *pg, void *arg)
     free(out);
     return 0;
 }
+
+#ifdef BRAID_CUDA_FAKE
+/* Whether the group makes device links (BRAID_TRANSPORT unset or naming
+ * cuda_ipc next to other transports). */
+static int links_offered(void)
+{
+    const char *want = getenv("BRAID_TRANSPORT");
+    return !want || (strstr(want, "cuda_ipc") && strchr(want, ','));
+}
+
+/* Device links where the GPUs cannot all reach each other: ranks 0-2 see
+ * one GPU, rank 3 another it cannot reach (a bus id the others do not
+ * see). The ring 0-1-2-3 then moves data over cuda_ipc between 0-1 and
+ * 1-2 and over the host links for 2-3 and 3-0, both ends of every pair
+ * agreeing; results stay exact. With BRAID_TRANSPORT naming no cuda_ipc
+ * there are no links at all. */
+static int links_body(braid_pg *pg, void *arg)
+{
+    (void)arg;
+    int rank = braid_pg_rank(pg), n = braid_pg_size(pg);
+    if (rank == n - 1)
+        setenv("CUDA_FAKE_BUS_ID", "0000:02:00.0", 1);
+    if (pick_device(rank))
+        return 1;
+    size_t f32_piece = BRAID_HMEM_PIECE_BYTES / 4;
+    for (int k = 0; k < 2; k++)
+        if (check_allreduce(pg, BRAID_F32, k ? BRAID_AVG : BRAID_SUM, 2 * f32_piece + 3 + (size_t)k, k, MODE_ASYNC,
+                            300 + (uint32_t)k))
+            return 1;
+    int links = links_offered();
+    int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+    int peers[2] = {next, prev};
+    for (int i = 0; i < 2; i++) {
+        int p = peers[i];
+        int expect = !links ? -1 : (p == n - 1 || rank == n - 1) ? 0 : 1;
+        int got = link_usable(pg, p);
+        if (got != expect)
+            HARNESS_FAIL("rank %d: device link to rank %d is %d, want %d (-1 none, 0 unusable, 1 used)", rank, p, got,
+                         expect);
+    }
+    return check_allreduce(pg, BRAID_I32, BRAID_MAX, 5, 0, MODE_BLOCKING, 302); /* nobody leaves before the checks */
+}
+
+/* A rank whose device has no IPC event support still answers its
+ * neighbours' set-up (with no slots): both its links settle as unusable
+ * and the ring runs over the host links. */
+static int noipc_body(braid_pg *pg, void *arg)
+{
+    (void)arg;
+    int rank = braid_pg_rank(pg), n = braid_pg_size(pg);
+    if (rank == 1)
+        setenv("CUDA_FAKE_NO_IPC", "1", 1);
+    if (pick_device(rank))
+        return 1;
+    if (check_allreduce(pg, BRAID_I32, BRAID_SUM, 3 * (BRAID_HMEM_PIECE_BYTES / 4) + 1, 0, MODE_BLOCKING, 310))
+        return 1;
+    int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+    int peers[2] = {next, prev};
+    for (int i = 0; i < 2; i++) {
+        int expect = !links_offered() ? -1 : rank == 1 || peers[i] == 1 ? 0 : 1;
+        if (link_usable(pg, peers[i]) != expect)
+            HARNESS_FAIL("rank %d: device link to rank %d is %d, want %d", rank, peers[i],
+                         link_usable(pg, peers[i]), expect);
+    }
+    return check_allreduce(pg, BRAID_I32, BRAID_MAX, 5, 0, MODE_BLOCKING, 311);
+}
+#endif
 
 /* Several outstanding device calls on one stream, results in order. */
 static int queue_body(braid_pg *pg, void *arg)
@@ -482,6 +575,12 @@ START_TEST(extras_3) { run_ranks(3, extras_body, 120); }
 END_TEST
 START_TEST(bucketer_3) { run_ranks(3, bucketer_body, 120); }
 END_TEST
+#ifdef BRAID_CUDA_FAKE
+START_TEST(links_4) { run_ranks(4, links_body, 300); }
+END_TEST
+START_TEST(noipc_3) { run_ranks(3, noipc_body, 300); }
+END_TEST
+#endif
 #endif /* BRAID_HAVE_CUDA */
 
 /* Availability, probed in a child so the parent never initializes CUDA
@@ -532,7 +631,11 @@ int main(void)
         const TTest *test;
     } cases[] = {{"matrix_2", matrix_2}, {"matrix_3", matrix_3}, {"pieces_1", pieces_1}, {"pieces_2", pieces_2}, {"pieces_4", pieces_4},
                  {"mixed_3", mixed_3},   {"queue_3", queue_3},   {"group_2", group_2},   {"abort_2", abort_2},
-                 {"extras_3", extras_3}, {"bucketer_3", bucketer_3}};
+                 {"extras_3", extras_3}, {"bucketer_3", bucketer_3},
+#ifdef BRAID_CUDA_FAKE
+                 {"links_4", links_4},   {"noipc_3", noipc_3},
+#endif
+    };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         TCase *tc = tcase_create(cases[i].name);
         tcase_set_timeout(tc, 600);

@@ -72,7 +72,7 @@ static void expect_bad(void (*mutate)(braid_ipc_setup *, uint8_t *), braid_statu
 
 static void bad_magic(braid_ipc_setup *s, uint8_t *w) { (void)s; w[0] ^= 1; }
 static void bad_version(braid_ipc_setup *s, uint8_t *w) { (void)s; w[4] = 9; }
-static void zero_slots(braid_ipc_setup *s, uint8_t *w) { (void)s; memset(w + 12, 0, 4); }
+static void zero_slots(braid_ipc_setup *s, uint8_t *w) { (void)s; memset(w + 12, 0, 4); } /* slot size kept */
 static void many_slots(braid_ipc_setup *s, uint8_t *w) { (void)s; w[12] = BRAID_IPC_MAX_SLOTS + 1; }
 static void odd_slot(braid_ipc_setup *s, uint8_t *w) { (void)s; w[16] = 1; }
 static void tiny_slot(braid_ipc_setup *s, uint8_t *w) { (void)s; memset(w + 16, 0, 4); w[17] = 1; }
@@ -85,7 +85,7 @@ START_TEST(setup_rejects)
 {
     expect_bad(bad_magic, BRAID_ERR_PEER, "magic");
     expect_bad(bad_version, BRAID_ERR_MISMATCH, "version 9");
-    expect_bad(zero_slots, BRAID_ERR_PEER, "slot count");
+    expect_bad(zero_slots, BRAID_ERR_PEER, "slot size");
     expect_bad(many_slots, BRAID_ERR_PEER, "slot count");
     expect_bad(odd_slot, BRAID_ERR_PEER, "slot size");
     expect_bad(tiny_slot, BRAID_ERR_PEER, "slot size");
@@ -93,6 +93,55 @@ START_TEST(setup_rejects)
     expect_bad(no_nul, BRAID_ERR_PEER, "bus id");
     expect_bad(empty_bus, BRAID_ERR_PEER, "bus id");
     expect_bad(trailing, BRAID_ERR_PEER, "past its event table");
+}
+END_TEST
+
+/* A side that cannot use IPC sends no slots, no slot size and may have no
+ * bus id; anything in its handle table is still refused. */
+START_TEST(setup_unusable_side)
+{
+    braid_ipc_setup s, d;
+    memset(&s, 0, sizeof(s));
+    s.version = BRAID_IPC_VERSION;
+    s.device = -1;
+    s.host_hash = 42;
+    uint8_t wire[BRAID_IPC_SETUP_BYTES];
+    braid__ipc_setup_encode(&s, wire);
+    char why[128] = "";
+    ck_assert_int_eq(braid__ipc_setup_decode(wire, &d, why, sizeof(why)), BRAID_OK);
+    ck_assert_uint_eq(d.nslots, 0);
+    ck_assert_uint_eq(d.slot_bytes, 0);
+    ck_assert(d.host_hash == 42);
+    wire[32 + BRAID_IPC_BUS_ID_BYTES] = 1; /* a ring handle with no slots */
+    ck_assert_int_eq(braid__ipc_setup_decode(wire, &d, why, sizeof(why)), BRAID_ERR_PEER);
+    braid__ipc_setup_encode(&s, wire);
+    wire[17] = 16; /* a slot size with no slots */
+    ck_assert_int_eq(braid__ipc_setup_decode(wire, &d, why, sizeof(why)), BRAID_ERR_PEER);
+    ck_assert_msg(strstr(why, "slot size"), "why = '%s'", why);
+}
+END_TEST
+
+START_TEST(ctrl_verdict)
+{
+    uint8_t w[BRAID_IPC_CTRL_BYTES];
+    char why[128];
+    for (uint64_t ok = 0; ok <= 1; ok++) {
+        braid_ipc_ctrl m = {.kind = BRAID_IPC_VERDICT, .len = ok}, d;
+        braid__ipc_ctrl_encode(&m, w);
+        /* decodes even on a side with no slots */
+        ck_assert_int_eq(braid__ipc_ctrl_decode(w, 0, 0, &d, why, sizeof(why)), BRAID_OK);
+        ck_assert(d.kind == BRAID_IPC_VERDICT && d.len == ok && d.slot == 0 && !d.last);
+    }
+    braid_ipc_ctrl m = {.kind = BRAID_IPC_VERDICT, .len = 2}, d;
+    braid__ipc_ctrl_encode(&m, w);
+    ck_assert_int_eq(braid__ipc_ctrl_decode(w, 4, 4096, &d, why, sizeof(why)), BRAID_ERR_PEER);
+    m = (braid_ipc_ctrl){.kind = BRAID_IPC_VERDICT, .slot = 1, .len = 1};
+    braid__ipc_ctrl_encode(&m, w);
+    ck_assert_int_eq(braid__ipc_ctrl_decode(w, 4, 4096, &d, why, sizeof(why)), BRAID_ERR_PEER);
+    m = (braid_ipc_ctrl){.kind = BRAID_IPC_VERDICT, .last = 1, .len = 1};
+    braid__ipc_ctrl_encode(&m, w);
+    ck_assert_int_eq(braid__ipc_ctrl_decode(w, 4, 4096, &d, why, sizeof(why)), BRAID_ERR_PEER);
+    ck_assert_msg(strstr(why, "verdict"), "why = '%s'", why);
 }
 END_TEST
 
@@ -251,6 +300,8 @@ int main(void)
     TCase *tc = tcase_create("proto");
     tcase_add_test(tc, setup_roundtrip);
     tcase_add_test(tc, setup_rejects);
+    tcase_add_test(tc, setup_unusable_side);
+    tcase_add_test(tc, ctrl_verdict);
     tcase_add_test(tc, ctrl_roundtrip_and_rejects);
     tcase_add_test(tc, window_accounting);
     tcase_add_test(tc, window_simulation);

@@ -13,6 +13,11 @@ int braid__cuda_available(void)
     return 1;
 }
 
+int braid__cuda_device_nodes_present(void)
+{
+    return 0; /* no cuda_ipc here: the emulation has no IPC */
+}
+
 const char *braid__cuda_unavailable_reason(void)
 {
     return "";

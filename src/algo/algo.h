@@ -62,6 +62,30 @@ braid_status braid__fp_explain(braid_algo_run *run, braid_status st);
 void braid__fp_encode(const braid_coll *coll, uint8_t out[BRAID_FP_BYTES]);
 braid_status braid__fp_check(braid_algo_run *run, int peer, const uint8_t theirs[BRAID_FP_BYTES]);
 
+/* Mark a fingerprint as the device ring's (cuda/hmem_cuda.c). The flag is
+ * not compared: a host rank may join the call; it tells a neighbour with
+ * a device link (src/devlink.c) whether to move the data over it. */
+void braid__fp_set_dring(uint8_t fp[BRAID_FP_BYTES]);
+int braid__fp_dring(const uint8_t fp[BRAID_FP_BYTES]);
+
+/* Ring neighbours joined by a device link also send their fingerprint
+ * backwards (to prev), so that a device-ring rank learns, before it sends
+ * any data, whether its next rank runs the device ring too. Every flat
+ * ring all-reduce does it on such links, host or device. */
+typedef struct {
+    braid_req send_req, recv_req;
+    uint8_t theirs[BRAID_FP_BYTES];
+    int next;
+    int sending, receiving; /* posted and not yet finished */
+    int exchanged;          /* next's fingerprint arrived and matched */
+} braid_fp_back;
+
+/* Post the backward exchange (mine must live until it is done). */
+braid_status braid__fp_back_start(braid_algo_run *run, braid_fp_back *b, const uint8_t mine[BRAID_FP_BYTES], int prev,
+                                  int next);
+/* *done once both halves finished (next's fingerprint checked). */
+braid_status braid__fp_back_poll(braid_algo_run *run, braid_fp_back *b, int *done);
+
 /* Elements [start, start+len) of segment i when count is split n ways as
  * evenly as possible (the first count % n segments get one more). */
 static inline void braid__segment(size_t count, int n, int i, size_t *start, size_t *len)

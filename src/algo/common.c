@@ -6,6 +6,7 @@
 
 #include "algo.h"
 #include "checksum.h"
+#include "devlink.h"
 #include "clock.h"
 #include "param.h"
 #include "status.h"
@@ -176,8 +177,9 @@ braid_status braid__algo_test(braid_algo_run *run, braid_req *req, int *done)
     return st == BRAID_ERR_CORRUPT ? corrupt_context(run, req->conn, st) : st;
 }
 
-/* Wire layout (little endian): magic u32, kind u8, op u8, dtype u8, pad u8,
- * root i32, count u64, seq u64, zero padding to 40 bytes. */
+/* Wire layout (little endian): magic u32, kind u8, op u8, dtype u8,
+ * flags u8 (bit 0: the device ring; not compared), root i32, count u64,
+ * seq u64, zero padding to 40 bytes. */
 #define FP_MAGIC 0x50464442u /* "BDFP" */
 
 static void put_u32(uint8_t *p, uint32_t v)
@@ -266,6 +268,59 @@ static void fp_describe(const fingerprint *f, char *buf, size_t cap)
     snprintf(buf, cap, "#%" PRIu64 " %s(count=%" PRIu64 ", dtype=%d, op=%d, root=%d)", f->seq,
              f->kind == BRAID_COLL_SEND ? "send/recv" : braid__coll_name((braid_coll_kind)f->kind), f->count,
              f->dtype, f->op, f->root);
+}
+
+#define FP_FLAGS_BYTE 7
+#define FP_FLAG_DRING 1u
+
+void braid__fp_set_dring(uint8_t fp[BRAID_FP_BYTES])
+{
+    fp[FP_FLAGS_BYTE] |= FP_FLAG_DRING;
+}
+
+int braid__fp_dring(const uint8_t fp[BRAID_FP_BYTES])
+{
+    return (fp[FP_FLAGS_BYTE] & FP_FLAG_DRING) != 0;
+}
+
+braid_status braid__fp_back_start(braid_algo_run *run, braid_fp_back *b, const uint8_t mine[BRAID_FP_BYTES], int prev,
+                                  int next)
+{
+    braid_pg *pg = run->pg;
+    memset(b, 0, sizeof(*b));
+    b->next = next;
+    if (braid__devlink(pg, prev)) {
+        braid_conn *c;
+        BRAID_CHECK(braid__pg_conn(pg, prev, &c));
+        BRAID_CHECK(c->ops->isend(c, &b->send_req, mine, BRAID_FP_BYTES));
+        b->sending = 1;
+    }
+    if (braid__devlink(pg, next)) {
+        braid_conn *c;
+        BRAID_CHECK(braid__pg_conn(pg, next, &c));
+        BRAID_CHECK(c->ops->irecv(c, &b->recv_req, b->theirs, BRAID_FP_BYTES));
+        b->receiving = 1;
+    }
+    return BRAID_OK;
+}
+
+braid_status braid__fp_back_poll(braid_algo_run *run, braid_fp_back *b, int *done)
+{
+    int d;
+    if (b->sending) {
+        BRAID_CHECK(braid__algo_test(run, &b->send_req, &d));
+        b->sending = !d;
+    }
+    if (b->receiving) {
+        BRAID_CHECK(braid__algo_test(run, &b->recv_req, &d));
+        if (d) {
+            b->receiving = 0;
+            BRAID_CHECK(braid__fp_check(run, b->next, b->theirs));
+            b->exchanged = 1;
+        }
+    }
+    *done = !b->sending && !b->receiving;
+    return BRAID_OK;
 }
 
 braid_status braid__fp_check(braid_algo_run *run, int peer, const uint8_t theirs[BRAID_FP_BYTES])

@@ -161,11 +161,16 @@ braid_status braid__ring_pass(braid_algo_run *run, const braid_ring_pass *pass)
      * that an earlier one of the same call checked skips them. */
     uint8_t fp_mine[BRAID_FP_BYTES];
     braid_req fp_send_req;
-    int fp_sent = !pass->fp, fp_checked = !pass->fp;
+    braid_fp_back back;
+    int fp_sent = !pass->fp, fp_checked = !pass->fp, back_done = 1;
     if (pass->fp) {
         braid__fp_encode(coll, fp_mine);
         BRAID_CHECK(conns[0]->ops->isend(conns[0], &fp_send_req, fp_mine, sizeof(fp_mine)));
         BRAID_CHECK(braid__fp_recv(run, conns[nconns - 1], prev));
+        if (!pass->members) { /* the flat ring, which a device ring may join */
+            BRAID_CHECK(braid__fp_back_start(run, &back, fp_mine, prev, next));
+            back_done = 0;
+        }
     }
 
     braid_req recv_reqs[RECV_SLOTS], send_reqs[SEND_WINDOW];
@@ -233,6 +238,10 @@ braid_status braid__ring_pass(braid_algo_run *run, const braid_ring_pass *pass)
             BRAID_CHECK(braid__algo_test(run, &fp_send_req, &fp_sent));
             moved |= fp_sent;
         }
+        if (!back_done) {
+            BRAID_CHECK(braid__fp_back_poll(run, &back, &back_done));
+            moved |= back_done;
+        }
         while (n_done_s < n_posted_s) {
             BRAID_CHECK(braid__algo_test(run, &send_reqs[n_done_s % SEND_WINDOW], &done));
             if (!done)
@@ -241,7 +250,7 @@ braid_status braid__ring_pass(braid_algo_run *run, const braid_ring_pass *pass)
             moved = 1;
         }
 
-        if (fp_sent && fp_checked && cursor_done(&post_s) && cursor_done(&post_r) && n_done_r == n_posted_r &&
+        if (fp_sent && fp_checked && back_done && cursor_done(&post_s) && cursor_done(&post_r) && n_done_r == n_posted_r &&
             n_done_s == n_posted_s)
             return BRAID_OK;
         if (!moved) {

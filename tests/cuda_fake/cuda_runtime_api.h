@@ -7,7 +7,12 @@
  * is exercised on machines without a GPU. Not a CUDA emulator: the only
  * "kernel" is braid__cuda_reduce, run by the CPU engine as a stream
  * operation (tests/cuda_fake.c); one device, no legacy-stream implicit
- * synchronization. */
+ * synchronization. Device allocations and inter-process events live in
+ * memfd mappings, so cudaIpc* handles work between forked ranks (an
+ * opened handle maps the owner's memfd through /proc/<pid>/fd): the
+ * cuda_ipc transport runs on it. CUDA_FAKE_BUS_ID sets the device's PCI
+ * bus id (a peer with another id is "not visible"), CUDA_FAKE_NO_IPC=1
+ * turns IPC event support off. */
 #ifndef BRAID_CUDA_FAKE_RUNTIME_API_H
 #define BRAID_CUDA_FAKE_RUNTIME_API_H
 
@@ -20,12 +25,16 @@ typedef enum {
     cudaErrorInvalidValue = 1,
     cudaErrorMemoryAllocation = 2,
     cudaErrorInvalidDevice = 101,
+    cudaErrorInvalidResourceHandle = 400,
+    cudaErrorMapBufferObjectFailed = 205,
     cudaErrorNotReady = 600,
 } cudaError_t;
 
 typedef struct fake_stream *cudaStream_t;
 typedef struct fake_event *cudaEvent_t;
 typedef void (*cudaHostFn_t)(void *user_data);
+typedef struct { char reserved[64]; } cudaIpcMemHandle_t;
+typedef struct { char reserved[64]; } cudaIpcEventHandle_t;
 
 enum cudaMemcpyKind { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
                       cudaMemcpyDeviceToDevice, cudaMemcpyDefault };
@@ -46,6 +55,8 @@ struct cudaPointerAttributes {
 #define cudaStreamNonBlocking 0x1
 #define cudaEventDefault 0x0
 #define cudaEventDisableTiming 0x2
+#define cudaEventInterprocess 0x4
+#define cudaIpcMemLazyEnablePeerAccess 0x1
 #define cudaHostAllocDefault 0x0
 
 const char *cudaGetErrorString(cudaError_t e);
@@ -68,6 +79,7 @@ cudaError_t cudaStreamCreate(cudaStream_t *s);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaStreamQuery(cudaStream_t s);
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags);
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *c);
 cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *arg);
@@ -76,5 +88,13 @@ cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventQuery(cudaEvent_t e);
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p);
+cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned flags);
+cudaError_t cudaIpcCloseMemHandle(void *p);
+cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *h, cudaEvent_t e);
+cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *e, cudaIpcEventHandle_t h);
+cudaError_t cudaDeviceGetPCIBusId(char *id, int len, int device);
+cudaError_t cudaDeviceGetByPCIBusId(int *device, const char *id);
+cudaError_t cudaDeviceCanAccessPeer(int *can, int device, int peer);
 
 #endif

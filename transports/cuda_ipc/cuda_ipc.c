@@ -12,9 +12,14 @@
  * blocks on the GPU, and waits in poll() (1 ms at most while copies are in
  * flight) only when nothing moved.
  *
- * Not selected automatically yet: the group uses one transport for every
- * peer, and TCP (or shm) come first. BRAID_TRANSPORT=cuda_ipc selects it
- * for single-host groups whose GPUs can reach each other. */
+ * Two uses. BRAID_TRANSPORT=cuda_ipc makes it the group's transport
+ * (single-host groups whose GPUs reach each other): connections set up at
+ * once, and a pair that cannot reach fails. Otherwise the group keeps
+ * shm/TCP for everything and adds a device link (braid__cuda_ipc_wrap)
+ * between same-host ring neighbours for the device ring (src/devlink.c):
+ * those set up on first use, on the thread and device of the first device
+ * call, and a pair that cannot reach settles on "unusable" (both ends
+ * alike, through VERDICT messages) instead of failing. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +28,7 @@
 #include <cuda_runtime_api.h>
 
 #include "braid_cuda.h"
+#include "clock.h"
 #include "cuda_ipc.h"
 #include "cuda_ipc_proto.h"
 #include "log.h"
@@ -63,11 +69,18 @@ typedef struct {
     cudaEvent_t read[BRAID_IPC_MAX_SLOTS];       /* local: our copy out of slot k finished */
     braid_ipc_window win;
 
-    /* Set-up: ours goes out when the connection is made, the peer's is
-     * taken in by the first progress, so no dial waits for the peer's
-     * accept (the group dials and accepts in an order that would deadlock
-     * a blocking exchange with three or more ranks). */
-    int ready;
+    /* Set-up: ours goes out when the connection starts (when it is made,
+     * or for a device link at first use), the peer's is taken in by a
+     * later progress, so no dial waits for the peer's accept (the group
+     * dials and accepts in an order that would deadlock a blocking
+     * exchange with three or more ranks). Then each side says whether it
+     * can reach the other's GPU (VERDICT); data moves once both said yes. */
+    int eager;        /* the group's transport: unreachable peers are errors */
+    int started;      /* our set-up went out */
+    int my_verdict;   /* -1 until the peer's set-up was read; then 1 reachable, 0 not */
+    int peer_verdict; /* -1 until the peer's VERDICT arrived */
+    int ready;        /* both said yes, the peer's ring and events are open */
+    char unusable_why[256];
     braid_ipc_setup me;
     braid_req setup_tx, setup_rx;
     uint8_t setup_out[BRAID_IPC_SETUP_BYTES], setup_in[BRAID_IPC_SETUP_BYTES];
@@ -154,7 +167,16 @@ static braid_status cuda_fail(ipc_conn *c, cudaError_t err, const char *what)
 static braid_status local_setup(ipc_conn *c, braid_ipc_setup *me)
 {
     memset(me, 0, sizeof(*me));
+    me->version = BRAID_IPC_VERSION;
+    me->device = -1;
+    me->host_hash = host_hash();
     IPC_CU(c, cudaGetDevice(&c->device));
+    int ipc_events = 0;
+    IPC_CU(c, cudaDeviceGetAttribute(&ipc_events, cudaDevAttrIpcEventSupport, c->device));
+    if (!ipc_events)
+        return (c->eager ? braid__error : braid__error_quiet)(BRAID_ERR_UNSUPPORTED,
+                            "rank %d: cuda_ipc peer %d: device %d does not support CUDA IPC "
+                            "events", c->rank, c->base.peer, c->device);
     c->nslots = IPC_NSLOTS;
     c->slot_bytes = IPC_SLOT_BYTES;
     IPC_CU(c, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
@@ -170,41 +192,70 @@ static braid_status local_setup(ipc_conn *c, braid_ipc_setup *me)
         memcpy(me->events[k], &eh, BRAID_IPC_HANDLE_BYTES);
     }
     IPC_CU(c, cudaDeviceGetPCIBusId(me->bus_id, BRAID_IPC_BUS_ID_BYTES, c->device));
-    me->version = BRAID_IPC_VERSION;
     me->device = c->device;
     me->nslots = c->nslots;
     me->slot_bytes = c->slot_bytes;
-    me->host_hash = host_hash();
     return BRAID_OK;
 }
 
 /* Can this process reach the peer's device? Same host, and the same GPU or
- * one with peer access. */
+ * one with peer access. A device link that cannot is no failure (the pair
+ * keeps its host link), so the answer is not logged as a warning there. */
 static braid_status check_reach(ipc_conn *c, const braid_ipc_setup *me, const braid_ipc_setup *peer)
 {
     if (peer->host_hash != me->host_hash)
-        return braid__error(BRAID_ERR_UNSUPPORTED, "rank %d: cuda_ipc peer %d runs on another host", c->rank,
+        return (c->eager ? braid__error : braid__error_quiet)(BRAID_ERR_UNSUPPORTED, "rank %d: cuda_ipc peer %d runs on another host", c->rank,
                             c->base.peer);
     if (!strcmp(peer->bus_id, me->bus_id))
         return BRAID_OK;
     int pdev = -1, can = 0;
     if (cudaDeviceGetByPCIBusId(&pdev, peer->bus_id) != cudaSuccess) {
         (void)cudaGetLastError();
-        return braid__error(BRAID_ERR_UNSUPPORTED,
+        return (c->eager ? braid__error : braid__error_quiet)(BRAID_ERR_UNSUPPORTED,
                             "rank %d: cuda_ipc peer %d's GPU %s is not visible here (CUDA_VISIBLE_DEVICES?)", c->rank,
                             c->base.peer, peer->bus_id);
     }
     IPC_CU(c, cudaDeviceCanAccessPeer(&can, c->device, pdev));
     if (!can)
-        return braid__error(BRAID_ERR_UNSUPPORTED, "rank %d: cuda_ipc: GPU %s cannot access peer %d's GPU %s",
+        return (c->eager ? braid__error : braid__error_quiet)(BRAID_ERR_UNSUPPORTED, "rank %d: cuda_ipc: GPU %s cannot access peer %d's GPU %s",
                             c->rank, me->bus_id, c->base.peer, peer->bus_id);
     return BRAID_OK;
 }
 
+/* Whether the connection's stream finished its work within DRAIN_MS. A
+ * receive copy waits on the peer's event; a peer that died (or failed
+ * before recording it) may never let it go, so a failed connection is not
+ * waited for forever. */
+#define DRAIN_MS 2000
+
+static int stream_drained(ipc_conn *c)
+{
+    int64_t deadline = braid__now_ms() + DRAIN_MS;
+    for (;;) {
+        cudaError_t err = cudaStreamQuery(c->stream);
+        if (err != cudaErrorNotReady) {
+            (void)cudaGetLastError();
+            return 1; /* done, or an error that ends the stream's work too */
+        }
+        if (braid__now_ms() > deadline)
+            return 0;
+        usleep(200);
+    }
+}
+
 static void conn_free(ipc_conn *c)
 {
-    if (c->stream)
-        (void)cudaStreamSynchronize(c->stream);
+    if (c->stream && !stream_drained(c)) {
+        /* Copies may still touch the ring, the peer's ring and the
+         * events: leave them to the process rather than free them under
+         * the GPU. */
+        BRAID_WARN("rank %d: cuda_ipc peer %d: copies still queued after %d ms; leaving the link's GPU buffers "
+                   "allocated", c->rank, c->base.peer, DRAIN_MS);
+        if (c->tcp)
+            c->tcp->ops->close(c->tcp);
+        free(c);
+        return;
+    }
     if (c->peer_ring)
         (void)cudaIpcCloseMemHandle(c->peer_ring);
     for (uint32_t k = 0; k < BRAID_IPC_MAX_SLOTS; k++) {
@@ -225,7 +276,21 @@ static void conn_free(ipc_conn *c)
     free(c);
 }
 
-/* The peer's set-up arrived: check it, open its ring and events. */
+/* Settle as unreachable: our verdict is no (why says so). The group's
+ * transport cannot do without the pair, so there it is an error. */
+static braid_status refuse(ipc_conn *c, const char *why)
+{
+    snprintf(c->unusable_why, sizeof(c->unusable_why), "%s", why);
+    if (c->eager)
+        return braid__error(BRAID_ERR_UNSUPPORTED, "%s", why);
+    c->my_verdict = 0;
+    return BRAID_OK;
+}
+
+static braid_status ctrl_send(ipc_conn *c, const braid_ipc_ctrl *m, int *sent);
+
+/* The peer's set-up arrived: check it, open its ring and events, and tell
+ * the peer whether we can reach its GPU. */
 static braid_status finish_setup(ipc_conn *c)
 {
     braid_ipc_setup peer;
@@ -233,28 +298,70 @@ static braid_status finish_setup(ipc_conn *c)
     braid_status st = braid__ipc_setup_decode(c->setup_in, &peer, why, sizeof(why));
     if (st != BRAID_OK)
         return braid__error(st, "rank %d: cuda_ipc peer %d: %s", c->rank, c->base.peer, why);
-    if (peer.nslots != c->nslots || peer.slot_bytes != c->slot_bytes)
+    if (c->me.nslots == 0) {
+        c->my_verdict = 0; /* we cannot: unusable_why said so when we started */
+    } else if (peer.nslots == 0) {
+        snprintf(why, sizeof(why), "rank %d: cuda_ipc peer %d cannot use CUDA IPC (its log says why)", c->rank,
+                 c->base.peer);
+        BRAID_CHECK(refuse(c, why));
+    } else if (peer.nslots != c->nslots || peer.slot_bytes != c->slot_bytes) {
         return braid__error(BRAID_ERR_MISMATCH, "rank %d: cuda_ipc peer %d uses %u x %u byte slots, we use %u x %u",
                             c->rank, c->base.peer, peer.nslots, peer.slot_bytes, c->nslots, c->slot_bytes);
-    BRAID_CHECK(check_reach(c, &c->me, &peer));
-    cudaIpcMemHandle_t mh;
-    memcpy(&mh, peer.ring, sizeof(mh));
-    IPC_CU(c, cudaIpcOpenMemHandle(&c->peer_ring, mh, cudaIpcMemLazyEnablePeerAccess));
-    for (uint32_t k = 0; k < c->nslots; k++) {
-        cudaIpcEventHandle_t eh;
-        memcpy(&eh, peer.events[k], sizeof(eh));
-        IPC_CU(c, cudaIpcOpenEventHandle(&c->peer_wrote[k], eh));
+    } else if ((st = check_reach(c, &c->me, &peer)) != BRAID_OK) {
+        if (st != BRAID_ERR_UNSUPPORTED || c->eager)
+            return st;
+        BRAID_CHECK(refuse(c, braid_last_error()));
+    } else {
+        cudaIpcMemHandle_t mh;
+        memcpy(&mh, peer.ring, sizeof(mh));
+        IPC_CU(c, cudaIpcOpenMemHandle(&c->peer_ring, mh, cudaIpcMemLazyEnablePeerAccess));
+        for (uint32_t k = 0; k < c->nslots; k++) {
+            cudaIpcEventHandle_t eh;
+            memcpy(&eh, peer.events[k], sizeof(eh));
+            IPC_CU(c, cudaIpcOpenEventHandle(&c->peer_wrote[k], eh));
+        }
+        braid__ipc_window_init(&c->win, c->nslots, c->slot_bytes);
+        c->my_verdict = 1;
+        BRAID_INFO("rank %d: cuda_ipc peer %d: GPU %s <-> %s, %u x %u byte slots", c->rank, c->base.peer,
+                   c->me.bus_id, peer.bus_id, c->nslots, c->slot_bytes);
     }
-    braid__ipc_window_init(&c->win, c->nslots, c->slot_bytes);
-    c->ready = 1;
-    BRAID_INFO("rank %d: cuda_ipc peer %d: GPU %s <-> %s, %u x %u byte slots", c->rank, c->base.peer, c->me.bus_id,
-               peer.bus_id, c->nslots, c->slot_bytes);
+    braid_ipc_ctrl m = {.kind = BRAID_IPC_VERDICT, .len = (uint64_t)c->my_verdict};
+    int sent;
+    BRAID_CHECK(ctrl_send(c, &m, &sent));
+    if (!sent)
+        return braid__error(BRAID_ERR_INTERNAL, "rank %d: cuda_ipc peer %d: no transmit buffer for the verdict",
+                            c->rank, c->base.peer);
     return BRAID_OK;
 }
 
-/* Wrap an authenticated TCP connection: build our ring and send its
- * handles; the peer's come in with the first progress. Takes over tcp. */
-static braid_status conn_setup(int rank, braid_conn *tcp, braid_conn **out)
+/* Build our ring on the current device and send its handles; the peer's
+ * come in with a later progress. A device link that cannot build one
+ * sends a set-up with no slots instead, so the peer learns it at once. */
+static braid_status start(ipc_conn *c)
+{
+    braid_status st = local_setup(c, &c->me);
+    if (st != BRAID_OK) {
+        if (c->eager)
+            return st;
+        snprintf(c->unusable_why, sizeof(c->unusable_why), "%s", braid_last_error());
+        uint64_t hash = c->me.host_hash;
+        memset(&c->me, 0, sizeof(c->me));
+        c->me.version = BRAID_IPC_VERSION;
+        c->me.device = -1;
+        c->me.host_hash = hash;
+    }
+    braid__ipc_setup_encode(&c->me, c->setup_out);
+    BRAID_CHECK(c->tcp->ops->isend(c->tcp, &c->setup_tx, c->setup_out, sizeof(c->setup_out)));
+    BRAID_CHECK(c->tcp->ops->irecv(c->tcp, &c->setup_rx, c->setup_in, sizeof(c->setup_in)));
+    int done;
+    BRAID_CHECK(c->tcp->ops->test(&c->setup_tx, &done)); /* usually fits the socket buffer now */
+    c->started = 1;
+    return BRAID_OK;
+}
+
+/* Wrap an authenticated TCP connection (taken over, closed on failure);
+ * eager: start now, on the calling thread's device. */
+static braid_status conn_setup(int rank, braid_conn *tcp, int eager, braid_conn **out)
 {
     ipc_conn *c = calloc(1, sizeof(*c));
     if (!c) {
@@ -266,19 +373,27 @@ static braid_status conn_setup(int rank, braid_conn *tcp, braid_conn **out)
     c->base.error = BRAID_OK;
     c->tcp = tcp; /* the connection owns the TCP channel now */
     c->rank = rank;
-    braid_status st;
-    int done;
-    BRAID_CHECK_GOTO(local_setup(c, &c->me), st, err_free);
-    braid__ipc_setup_encode(&c->me, c->setup_out);
-    BRAID_CHECK_GOTO(tcp->ops->isend(tcp, &c->setup_tx, c->setup_out, sizeof(c->setup_out)), st, err_free);
-    BRAID_CHECK_GOTO(tcp->ops->irecv(tcp, &c->setup_rx, c->setup_in, sizeof(c->setup_in)), st, err_free);
-    BRAID_CHECK_GOTO(tcp->ops->test(&c->setup_tx, &done), st, err_free); /* usually fits the socket buffer now */
+    c->eager = eager;
+    c->my_verdict = c->peer_verdict = -1;
+    if (eager) {
+        braid_status st = start(c);
+        if (st != BRAID_OK) {
+            conn_free(c);
+            return st;
+        }
+    }
     *out = &c->base;
     return BRAID_OK;
+}
 
-err_free:
-    conn_free(c);
-    return st;
+braid_status braid__cuda_ipc_wrap(int rank, braid_conn *tcp, braid_conn **out)
+{
+    return conn_setup(rank, tcp, 0, out);
+}
+
+const braid_transport_ops *braid__cuda_ipc_transport(void)
+{
+    return &braid__cuda_ipc_ops;
 }
 
 static braid_status ipc_listen(const braid_transport_ctx *ctx, braid_listener **listener, char addr[BRAID_ADDR_MAX])
@@ -302,7 +417,7 @@ static braid_status ipc_accept(braid_listener *listener, int peer, int timeout_m
     ipc_listener *l = (ipc_listener *)listener;
     braid_conn *tcp;
     BRAID_CHECK(l->tcp->ops->accept(l->tcp, peer, timeout_ms, &tcp));
-    return conn_setup(l->ctx.rank, tcp, conn);
+    return conn_setup(l->ctx.rank, tcp, 1, conn);
 }
 
 /* The set-up message exchange finishes under the first collective's
@@ -312,7 +427,7 @@ static braid_status ipc_connect(const braid_transport_ctx *ctx, int peer, const 
 {
     braid_conn *tcp;
     BRAID_CHECK(braid__tcp_ops.connect(ctx, peer, addr, timeout_ms, &tcp));
-    return conn_setup(ctx->rank, tcp, conn);
+    return conn_setup(ctx->rank, tcp, 1, conn);
 }
 
 static void ipc_close_listener(braid_listener *listener)
@@ -356,6 +471,12 @@ static braid_status ctrl_send(ipc_conn *c, const braid_ipc_ctrl *m, int *sent)
         BRAID_CHECK(c->tcp->ops->isend(c->tcp, &c->tx[i], c->tx_buf[i], BRAID_IPC_CTRL_BYTES));
         c->tx_busy[i] = 1;
         *sent = 1;
+        /* Push it now: a posted TCP send moves only when progressed, and
+         * the peer may be waiting for exactly this message after we moved
+         * on to other links (braid__cuda_ipc_tx_pending). */
+        int done = 0;
+        BRAID_CHECK(c->tcp->ops->test(&c->tx[i], &done));
+        c->tx_busy[i] = !done;
         return BRAID_OK;
     }
     return BRAID_OK;
@@ -377,6 +498,23 @@ static braid_status event_done(ipc_conn *c, cudaEvent_t e, int *done)
 
 static braid_status on_ctrl(ipc_conn *c, const braid_ipc_ctrl *m)
 {
+    if (m->kind == BRAID_IPC_VERDICT) {
+        if (c->peer_verdict >= 0)
+            return peer_error(c, BRAID_ERR_PEER, "a second verdict");
+        c->peer_verdict = (int)m->len;
+        if (!c->peer_verdict && c->my_verdict == 1) {
+            char why[256];
+            snprintf(why, sizeof(why), "rank %d: cuda_ipc peer %d cannot reach this GPU (%s; its log says why)",
+                     c->rank, c->base.peer, c->me.bus_id);
+            snprintf(c->unusable_why, sizeof(c->unusable_why), "%s", why);
+            if (c->eager)
+                return conn_error(c, braid__error(BRAID_ERR_UNSUPPORTED, "%s", why));
+        }
+        c->ready = c->my_verdict == 1 && c->peer_verdict == 1;
+        return BRAID_OK;
+    }
+    if (!c->ready)
+        return peer_error(c, BRAID_ERR_PEER, "data or credit on a link that is not set up");
     if (m->kind == BRAID_IPC_CREDIT) {
         if (braid__ipc_window_credit(&c->win, m->slot) != BRAID_OK)
             return peer_error(c, BRAID_ERR_PEER, "credit for a slot not in flight");
@@ -502,11 +640,17 @@ static braid_status conn_progress(ipc_conn *c, int *moved)
         braid__error_set_text(c->error_text);
         return c->base.error;
     }
-    cudaError_t err = cudaSetDevice(c->device);
-    if (err != cudaSuccess)
-        return conn_error(c, cuda_fail(c, err, "cudaSetDevice"));
+    if (c->started && c->me.nslots > 0) {
+        cudaError_t err = cudaSetDevice(c->device);
+        if (err != cudaSuccess)
+            return conn_error(c, cuda_fail(c, err, "cudaSetDevice"));
+    }
     braid_status st;
-    if (!c->ready) {
+    if (!c->started) {
+        BRAID_CHECK_GOTO(start(c), st, fail);
+        *moved = 1;
+    }
+    if (c->my_verdict < 0) {
         int tx_done = 0, rx_done = 0;
         BRAID_CHECK_GOTO(c->tcp->ops->test(&c->setup_tx, &tx_done), st, fail);
         BRAID_CHECK_GOTO(c->tcp->ops->test(&c->setup_rx, &rx_done), st, fail);
@@ -533,6 +677,8 @@ static braid_status conn_progress(ipc_conn *c, int *moved)
         BRAID_CHECK(on_ctrl(c, &m));
         *moved = 1;
     }
+    if (!c->ready)
+        return BRAID_OK;
     BRAID_CHECK_GOTO(pump_sends(c, moved), st, fail);
     BRAID_CHECK_GOTO(pump_recvs(c, moved), st, fail);
     return BRAID_OK;
@@ -542,7 +688,39 @@ fail:
 
 static int gpu_busy(const ipc_conn *c)
 {
-    return c->nsent > 0 || c->ngot > 0 || !c->setup_tx.done;
+    return c->started && (c->nsent > 0 || c->ngot > 0 || !c->setup_tx.done);
+}
+
+braid_status braid__cuda_ipc_settle(braid_conn *conn, int *settled, int *usable)
+{
+    ipc_conn *c = conn_of(conn);
+    int moved = 0;
+    int known = c->my_verdict == 0 || (c->my_verdict == 1 && c->peer_verdict >= 0);
+    if (!known) /* once settled, the answer never changes: no I/O to ask it */
+        BRAID_CHECK(conn_progress(c, &moved));
+    *usable = c->ready;
+    *settled = c->my_verdict == 0 || (c->my_verdict == 1 && c->peer_verdict >= 0);
+    return BRAID_OK;
+}
+
+braid_status braid__cuda_ipc_tx_pending(braid_conn *conn, int *pending)
+{
+    ipc_conn *c = conn_of(conn);
+    *pending = 0;
+    for (int i = 0; i < IPC_TX_MAX; i++) {
+        if (!c->tx_busy[i])
+            continue;
+        int done = 0;
+        BRAID_CHECK(c->tcp->ops->test(&c->tx[i], &done));
+        c->tx_busy[i] = !done;
+        *pending += !done;
+    }
+    return BRAID_OK;
+}
+
+const char *braid__cuda_ipc_unusable_why(braid_conn *conn)
+{
+    return conn_of(conn)->unusable_why;
 }
 
 static braid_status ipc_isend(braid_conn *conn, braid_req *req, const void *buf, size_t len)

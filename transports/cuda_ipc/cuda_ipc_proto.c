@@ -76,19 +76,22 @@ braid_status braid__ipc_setup_decode(const uint8_t in[BRAID_IPC_SETUP_BYTES], br
     d.slot_bytes = get32(in + 16);
     if (get32(in + 20) != 0)
         return bad(why, why_len, "cuda_ipc set-up message has reserved bits set");
-    if (d.nslots < 1 || d.nslots > BRAID_IPC_MAX_SLOTS)
+    if (d.nslots > BRAID_IPC_MAX_SLOTS)
         return bad(why, why_len, "cuda_ipc set-up message has a slot count out of range");
-    if (d.slot_bytes < 4096 || d.slot_bytes % 256 != 0 || d.slot_bytes > (1u << 30))
+    if (d.nslots == 0 ? d.slot_bytes != 0
+                      : d.slot_bytes < 4096 || d.slot_bytes % 256 != 0 || d.slot_bytes > (1u << 30))
         return bad(why, why_len, "cuda_ipc set-up message has an invalid slot size");
     d.host_hash = get64(in + 24);
     memcpy(d.bus_id, in + 32, BRAID_IPC_BUS_ID_BYTES);
-    if (memchr(d.bus_id, '\0', BRAID_IPC_BUS_ID_BYTES) == NULL || d.bus_id[0] == '\0')
+    /* No slots (the sender cannot use IPC): the bus id may be empty. */
+    if (memchr(d.bus_id, '\0', BRAID_IPC_BUS_ID_BYTES) == NULL || (d.nslots > 0 && d.bus_id[0] == '\0'))
         return bad(why, why_len, "cuda_ipc set-up message has a malformed PCI bus id");
     memcpy(d.ring, in + 32 + BRAID_IPC_BUS_ID_BYTES, BRAID_IPC_HANDLE_BYTES);
     memcpy(d.events, in + 32 + BRAID_IPC_BUS_ID_BYTES + BRAID_IPC_HANDLE_BYTES,
            (size_t)d.nslots * BRAID_IPC_HANDLE_BYTES);
-    /* Unused event slots must be zero: a longer table is a different format. */
-    for (size_t i = 32 + BRAID_IPC_BUS_ID_BYTES + BRAID_IPC_HANDLE_BYTES * (1 + (size_t)d.nslots);
+    /* Unused event slots must be zero: a longer table is a different format
+     * (and with no slots there is no ring either). */
+    for (size_t i = 32 + BRAID_IPC_BUS_ID_BYTES + BRAID_IPC_HANDLE_BYTES * (d.nslots ? 1 + (size_t)d.nslots : 0);
          i < BRAID_IPC_SETUP_BYTES; i++)
         if (in[i] != 0)
             return bad(why, why_len, "cuda_ipc set-up message has data past its event table");
@@ -109,8 +112,14 @@ braid_status braid__ipc_ctrl_decode(const uint8_t in[BRAID_IPC_CTRL_BYTES], uint
     uint32_t word = get32(in);
     braid_ipc_ctrl d = {.kind = (braid_ipc_ctrl_kind)(word & 0xffff), .slot = get32(in + 4), .last = (word >> 16) == 1,
                         .len = get64(in + 8)};
-    if (d.kind != BRAID_IPC_DATA && d.kind != BRAID_IPC_CREDIT)
+    if (d.kind != BRAID_IPC_DATA && d.kind != BRAID_IPC_CREDIT && d.kind != BRAID_IPC_VERDICT)
         return bad(why, why_len, "cuda_ipc control message of unknown kind");
+    if (d.kind == BRAID_IPC_VERDICT) {
+        if ((word >> 16) != 0 || d.slot != 0 || d.len > 1)
+            return bad(why, why_len, "cuda_ipc verdict message is malformed");
+        *c = d;
+        return BRAID_OK;
+    }
     if ((word >> 16) > (d.kind == BRAID_IPC_DATA ? 1u : 0u))
         return bad(why, why_len, "cuda_ipc control message has unknown flags");
     if (d.slot >= nslots)

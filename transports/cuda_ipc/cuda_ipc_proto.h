@@ -11,6 +11,14 @@
  *   DATA(slot, len, last)  sender -> receiver: slot holds len bytes of the
  *                          current message; last marks its final chunk
  *   CREDIT(slot)           receiver -> sender: slot was read, write it again
+ *   VERDICT(ok)            each way, once, right after the peer's set-up
+ *                          was read: whether this side can reach the
+ *                          peer's GPU; the link carries data only when
+ *                          both said yes, so both ends decide alike even
+ *                          where only one sees the other's GPU
+ * A side that cannot use CUDA IPC at all (no IPC event support, a failed
+ * allocation) still sends a set-up message, with no slots, so the peer
+ * learns it instead of waiting.
  * Slots are used round-robin and freed in order, so the sender's window is
  * a count of credits plus the next slot. A zero-length message is one
  * DATA(slot, 0, last) that takes a slot but copies nothing, so it is flow
@@ -28,7 +36,7 @@
 #define BRAID_IPC_MAX_SLOTS 16
 #define BRAID_IPC_BUS_ID_BYTES 16 /* "0000:3b:00.0" and NUL */
 #define BRAID_IPC_SETUP_MAGIC 0x43504942u /* "BIPC" */
-#define BRAID_IPC_VERSION 1
+#define BRAID_IPC_VERSION 2
 #define BRAID_IPC_SETUP_BYTES                                                                     \
     (32 + BRAID_IPC_BUS_ID_BYTES + BRAID_IPC_HANDLE_BYTES * (1 + BRAID_IPC_MAX_SLOTS))
 #define BRAID_IPC_CTRL_BYTES 16
@@ -37,8 +45,8 @@
 typedef struct {
     uint32_t version;
     int32_t device;                        /* ordinal in the sender's process (logs only) */
-    uint32_t nslots;                       /* 1..BRAID_IPC_MAX_SLOTS */
-    uint32_t slot_bytes;                   /* multiple of 256, >= 4096 */
+    uint32_t nslots;                       /* 1..BRAID_IPC_MAX_SLOTS; 0: this side cannot use IPC */
+    uint32_t slot_bytes;                   /* multiple of 256, >= 4096; 0 with no slots */
     uint64_t host_hash;                    /* same-host check */
     char bus_id[BRAID_IPC_BUS_ID_BYTES];   /* PCI bus id of the sender's device */
     uint8_t ring[BRAID_IPC_HANDLE_BYTES];  /* the sender's receive ring */
@@ -51,17 +59,19 @@ void braid__ipc_setup_encode(const braid_ipc_setup *s, uint8_t out[BRAID_IPC_SET
 braid_status braid__ipc_setup_decode(const uint8_t in[BRAID_IPC_SETUP_BYTES], braid_ipc_setup *s, char *why,
                                      size_t why_len);
 
-typedef enum { BRAID_IPC_DATA = 1, BRAID_IPC_CREDIT = 2 } braid_ipc_ctrl_kind;
+typedef enum { BRAID_IPC_DATA = 1, BRAID_IPC_CREDIT = 2, BRAID_IPC_VERDICT = 3 } braid_ipc_ctrl_kind;
 
 typedef struct {
     braid_ipc_ctrl_kind kind;
     uint32_t slot;
     int last;     /* DATA: final chunk of its message */
-    uint64_t len; /* DATA: bytes in the slot (0..slot_bytes, 0 only when last); CREDIT: 0 */
+    uint64_t len; /* DATA: bytes in the slot (0..slot_bytes, 0 only when last); CREDIT: 0;
+                     VERDICT: 1 reachable, 0 not (slot 0) */
 } braid_ipc_ctrl;
 
 void braid__ipc_ctrl_encode(const braid_ipc_ctrl *c, uint8_t out[BRAID_IPC_CTRL_BYTES]);
-/* Checks kind, slot < nslots and len against slot_bytes. */
+/* Checks kind, slot < nslots and len against slot_bytes (VERDICT: slot 0,
+ * len 0 or 1, whatever nslots is). */
 braid_status braid__ipc_ctrl_decode(const uint8_t in[BRAID_IPC_CTRL_BYTES], uint32_t nslots, uint32_t slot_bytes,
                                     braid_ipc_ctrl *c, char *why, size_t why_len);
 
