@@ -691,15 +691,21 @@ static int gpu_busy(const ipc_conn *c)
     return c->started && (c->nsent > 0 || c->ngot > 0 || !c->setup_tx.done);
 }
 
-braid_status braid__cuda_ipc_settle(braid_conn *conn, int *settled, int *usable)
+/* Both ends know whether the link carries data: we said no, or we said
+ * yes and heard the peer's verdict. */
+static int settled(const ipc_conn *c)
+{
+    return c->my_verdict == 0 || (c->my_verdict == 1 && c->peer_verdict >= 0);
+}
+
+braid_status braid__cuda_ipc_settle(braid_conn *conn, int *is_settled, int *usable)
 {
     ipc_conn *c = conn_of(conn);
     int moved = 0;
-    int known = c->my_verdict == 0 || (c->my_verdict == 1 && c->peer_verdict >= 0);
-    if (!known) /* once settled, the answer never changes: no I/O to ask it */
+    if (!settled(c)) /* once settled, the answer never changes: no I/O to ask it */
         BRAID_CHECK(conn_progress(c, &moved));
     *usable = c->ready;
-    *settled = c->my_verdict == 0 || (c->my_verdict == 1 && c->peer_verdict >= 0);
+    *is_settled = settled(c);
     return BRAID_OK;
 }
 
