@@ -9,7 +9,9 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <poll.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -486,6 +488,107 @@ START_TEST(peer_killed)
 }
 END_TEST
 
+/* A sender whose buffer is gone while the receiver reads it in place:
+ * _i == 0: the sender failed first (closed its connection, as a failing
+ * group does before its call returns) and then freed the buffer: the read's
+ * EFAULT is the peer's failure, BRAID_ERR_PEER naming it (the CI flake of
+ * group_rank_killed). _i == 1: the buffer is freed while the sender is
+ * still connected, a bug rather than a failure: BRAID_ERR_SYSTEM that says
+ * so. Pipes order the steps, so the outcome does not depend on timing. */
+typedef struct {
+    int close_first;
+    int freed[2];   /* sender -> receiver: the buffer is gone */
+    int checked[2]; /* receiver -> sender: the receive failed as expected */
+    int in_place;   /* sender -> test, through the exit code */
+} freed_arg;
+
+#define FREED_BYTES (2 * MiB)
+
+static int wait_byte(int fd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    uint8_t b;
+    return poll(&p, 1, 30000) == 1 && read(fd, &b, 1) == 1 ? 0 : -1;
+}
+
+static int free_mid_send(braid_conn *c, void *arg)
+{
+    freed_arg *a = arg;
+    uint8_t one = 1;
+    /* One byte each way: both sides have tried single-copy reads. */
+    if (send_blocking(c, &one, 1) != BRAID_OK || recv_blocking(c, &one, 1) != BRAID_OK)
+        return 3;
+    uint8_t *buf = mmap(NULL, FREED_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (buf == MAP_FAILED)
+        return 2;
+    fill(buf, FREED_BYTES, 9);
+    braid_req r;
+    if (ops->isend(c, &r, buf, FREED_BYTES) != BRAID_OK)
+        return 4;
+    int in_place = r.tp[2] != 0; /* REQ_CMA: the header carries our address */
+    if (a->close_first) {
+        braid_shm_conn *sc = braid_shm_conn_of(c);
+        close(sc->sock);
+        sc->sock = -1; /* the harness's close of the connection skips it */
+    }
+    munmap(buf, FREED_BYTES);
+    if (write(a->freed[1], &one, 1) != 1 || wait_byte(a->checked[0]) != 0)
+        return 5;
+    return in_place ? 0 : 77;
+}
+
+static int read_freed(braid_conn *c, void *arg)
+{
+    freed_arg *a = arg;
+    uint8_t one = 1;
+    if (recv_blocking(c, &one, 1) != BRAID_OK || send_blocking(c, &one, 1) != BRAID_OK)
+        return 3;
+    if (wait_byte(a->freed[0]) != 0)
+        return 4;
+    uint8_t *buf = malloc(FREED_BYTES);
+    if (!buf)
+        return 2;
+    braid_req r;
+    braid_status st = ops->irecv(c, &r, buf, FREED_BYTES);
+    if (st == BRAID_OK)
+        st = wait_all(&r, 1, 20000);
+    free(buf);
+    int rc = 0;
+    braid_status want = a->close_first ? BRAID_ERR_PEER : BRAID_ERR_SYSTEM;
+    const char *text = a->close_first ? "peer 0 failed" : "still connected";
+    if (st != want || !strstr(braid_last_error(), text)) {
+        fprintf(stderr, "read_freed: want %s with \"%s\", got %s: %s\n", braid_status_string(want), text,
+                braid_status_string(st), braid_last_error());
+        rc = 6;
+    }
+    if (write(a->checked[1], &one, 1) != 1)
+        return 5;
+    return rc;
+}
+
+START_TEST(peer_freed_buffer)
+{
+    set_copy_mode(0);
+    freed_arg a = {.close_first = _i == 0};
+    ck_assert_int_eq(pipe(a.freed), 0);
+    ck_assert_int_eq(pipe(a.checked), 0);
+    int child;
+    int rc = run_pair(free_mid_send, read_freed, &a, &child);
+    for (int i = 0; i < 2; i++) {
+        close(a.freed[i]);
+        close(a.checked[i]);
+    }
+    if (child == 77) {
+        /* The sender copied through the ring: this host denies
+         * process_vm_readv, so there is no in-place read to fail. */
+        fprintf(stderr, "peer_freed_buffer: single-copy reads unavailable here, nothing to check\n");
+        return;
+    }
+    ck_assert_int_eq(child, 0);
+    ck_assert_int_eq(rc, 0);
+}
+END_TEST
+
 /* Connections and listeners give back every descriptor and leave no
  * named shared memory behind. */
 static int small_echo(braid_conn *c, void *arg)
@@ -716,6 +819,7 @@ static Suite *shm_suite(void)
     TCase *fault = tcase_create("fault");
     tcase_set_timeout(fault, 60);
     tcase_add_loop_test(fault, peer_killed, 0, 4);
+    tcase_add_loop_test(fault, peer_freed_buffer, 0, 2);
     suite_add_tcase(s, fault);
     TCase *group = tcase_create("group");
     tcase_set_timeout(group, 600);

@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -191,6 +192,37 @@ static void check_sock(braid_shm_conn *c, short revents)
         c->peer_gone = 1;
 }
 
+/* Is the peer gone or going? Its socket hung up (a failing group closes
+ * every connection before its call returns, so before the caller can free
+ * the buffer we were reading), or the process no longer exists. */
+static int peer_known_gone(braid_shm_conn *c)
+{
+    if (!c->peer_gone) {
+        struct pollfd p = {.fd = c->sock, .events = POLLIN | POLLRDHUP};
+        if (poll(&p, 1, 0) > 0)
+            check_sock(c, p.revents);
+    }
+    return c->peer_gone || (c->peer_pid > 0 && kill(c->peer_pid, 0) != 0 && errno == ESRCH);
+}
+
+/* process_vm_readv of an in-place message failed with err (0: it read
+ * nothing). ESRCH, or any failure once the peer is known to be gone, is
+ * the peer's failure: it exited, or failed its call and released the
+ * buffer (EFAULT). A bad address from a peer that is still connected is
+ * not explained by a failure, so it stays a system error that says so. */
+static braid_status cma_read_failed(braid_shm_conn *c, const braid_req *r, int err)
+{
+    if (err == ESRCH || err == 0 || peer_known_gone(c))
+        return braid__error(BRAID_ERR_PEER,
+                            "rank %d: peer %d failed while its message of %zu bytes was being read from its memory "
+                            "(%s)",
+                            c->rank, c->base.peer, r->len, err ? strerror(err) : "nothing read");
+    return braid__error(BRAID_ERR_SYSTEM,
+                        "rank %d: reading a message of %zu bytes from peer %d's memory at 0x%llx: %s (the peer is "
+                        "still connected: its send buffer was freed or unmapped before the send completed)",
+                        c->rank, r->len, c->base.peer, (unsigned long long)(r->REQ_REMOTE + r->moved), strerror(err));
+}
+
 /* Move as much as the rings allow without blocking. *moved is set when any
  * byte or header went either way. */
 static braid_status conn_pass(braid_shm_conn *c, int *moved)
@@ -287,10 +319,7 @@ static braid_status conn_pass(braid_shm_conn *c, int *moved)
                 struct iovec rem = {.iov_base = (void *)(uintptr_t)(r->REQ_REMOTE + r->moved), .iov_len = n};
                 ssize_t got = process_vm_readv(c->peer_pid, &l, 1, &rem, 1, 0);
                 if (got <= 0) {
-                    int err = errno;
-                    st = braid__error(err == ESRCH || got == 0 ? BRAID_ERR_PEER : BRAID_ERR_SYSTEM,
-                                      "rank %d: reading a message of %zu bytes from peer %d: %s", c->rank, r->len,
-                                      c->base.peer, got == 0 ? "nothing read" : strerror(err));
+                    st = cma_read_failed(c, r, got == 0 ? 0 : errno);
                     break;
                 }
                 r->moved += (size_t)got;
