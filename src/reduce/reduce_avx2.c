@@ -24,6 +24,7 @@
 
 #include "reduce/elementwise.h"
 #include "reduce/reduce_impl.h"
+#include "reduce/unaligned.h"
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 
@@ -38,6 +39,9 @@
 
 /* ---- load/store per dtype: elements per vector VW_<name> ---------------- */
 
+#define AT BRAID_UA_AT
+#define AT_MUT BRAID_UA_AT_MUT
+
 #define VW_f32 8
 #define VW_f64 4
 #define VW_f16 8
@@ -47,14 +51,17 @@
 #define VW_i32 8
 #define VW_i64 4
 
-static inline __m256 v_f32_load(const float *p) { return _mm256_loadu_ps(p); }
-static inline void v_f32_store(float *p, __m256 v) { _mm256_storeu_ps(p, v); }
-static inline __m256d v_f64_load(const double *p) { return _mm256_loadu_pd(p); }
-static inline void v_f64_store(double *p, __m256d v) { _mm256_storeu_pd(p, v); }
+/* Loads and stores take untyped addresses: user buffers may have any
+ * alignment, and only the unaligned intrinsics (and memcpy in
+ * unaligned.h) touch them. */
+static inline __m256 v_f32_load(const void *p) { return _mm256_loadu_ps(p); }
+static inline void v_f32_store(void *p, __m256 v) { _mm256_storeu_ps(p, v); }
+static inline __m256d v_f64_load(const void *p) { return _mm256_loadu_pd(p); }
+static inline void v_f64_store(void *p, __m256d v) { _mm256_storeu_pd(p, v); }
 
 #define INT_LOAD_STORE(name, T)                                                                \
-    static inline __m256i v_##name##_load(const T *p) { return _mm256_loadu_si256((const __m256i *)p); } \
-    static inline void v_##name##_store(T *p, __m256i v) { _mm256_storeu_si256((__m256i *)p, v); }
+    static inline __m256i v_##name##_load(const void *p) { return _mm256_loadu_si256(p); }     \
+    static inline void v_##name##_store(void *p, __m256i v) { _mm256_storeu_si256(p, v); }
 INT_LOAD_STORE(i8, int8_t)
 INT_LOAD_STORE(u8, uint8_t)
 INT_LOAD_STORE(i32, int32_t)
@@ -63,9 +70,9 @@ INT_LOAD_STORE(i64, int64_t)
 
 /* f16: vcvtph2ps is exact (and quiets a signalling NaN keeping its payload,
  * as braid__ew_f16_to_f32 does). */
-static inline __m256 v_f16_load(const uint16_t *p)
+static inline __m256 v_f16_load(const void *p)
 {
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_cvtph_ps(_mm_loadu_si128(p));
 }
 
 static inline __m128i f32_to_f16_vec(__m256 v)
@@ -76,17 +83,17 @@ static inline __m128i f32_to_f16_vec(__m256 v)
     return _mm_blendv_epi8(h, _mm_set1_epi16((short)BRAID_EW_F16_NAN), nan);
 }
 
-static inline void v_f16_store(uint16_t *p, __m256 v)
+static inline void v_f16_store(void *p, __m256 v)
 {
-    _mm_storeu_si128((__m128i *)p, f32_to_f16_vec(v));
+    _mm_storeu_si128(p, f32_to_f16_vec(v));
 }
 
 /* bf16 widening is a shift. A signalling NaN loaded here stays signalling,
  * which is fine inside a combine (any NaN result is replaced by the
  * canonical one on store); the bf16 -> f32 cast quiets it explicitly. */
-static inline __m256 v_bf16_load(const uint16_t *p)
+static inline __m256 v_bf16_load(const void *p)
 {
-    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
 }
 
@@ -102,9 +109,9 @@ static inline __m128i f32_to_bf16_vec(__m256 v)
     return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
 }
 
-static inline void v_bf16_store(uint16_t *p, __m256 v)
+static inline void v_bf16_store(void *p, __m256 v)
 {
-    _mm_storeu_si128((__m128i *)p, f32_to_bf16_vec(v));
+    _mm_storeu_si128(p, f32_to_bf16_vec(v));
 }
 
 /* ---- ops ------------------------------------------------------------------ */
@@ -213,19 +220,20 @@ static inline __m256i v_i64_max(__m256i a, __m256i b)
 #define GEN_COMBINE(ENUM, name, T, C, OPENUM, op, combine)                                     \
     static void vcombine_##name##_##op(void *dst, const void *a, const void *b, size_t count) \
     {                                                                                          \
-        T *d = dst;                                                                            \
-        const T *x = a, *y = b;                                                                \
         size_t i = 0;                                                                          \
         for (; i + 2 * VW_##name <= count; i += 2 * VW_##name) {                               \
-            v_##name##_store(d + i, v_##name##_##op(v_##name##_load(x + i), v_##name##_load(y + i))); \
-            v_##name##_store(d + i + VW_##name,                                                \
-                             v_##name##_##op(v_##name##_load(x + i + VW_##name),               \
-                                             v_##name##_load(y + i + VW_##name)));             \
+            v_##name##_store(AT_MUT(dst, i, T), v_##name##_##op(v_##name##_load(AT(a, i, T)),  \
+                                                                v_##name##_load(AT(b, i, T)))); \
+            v_##name##_store(AT_MUT(dst, i + VW_##name, T),                                    \
+                             v_##name##_##op(v_##name##_load(AT(a, i + VW_##name, T)),         \
+                                             v_##name##_load(AT(b, i + VW_##name, T))));       \
         }                                                                                      \
         for (; i + VW_##name <= count; i += VW_##name)                                         \
-            v_##name##_store(d + i, v_##name##_##op(v_##name##_load(x + i), v_##name##_load(y + i))); \
+            v_##name##_store(AT_MUT(dst, i, T), v_##name##_##op(v_##name##_load(AT(a, i, T)),  \
+                                                                v_##name##_load(AT(b, i, T)))); \
         for (; i < count; i++)                                                                 \
-            d[i] = braid__ew_##name##_##op(x[i], y[i]);                                        \
+            braid__st_##name(dst, i, braid__ew_##name##_##op(braid__ld_##name(a, i),            \
+                                                             braid__ld_##name(b, i)));          \
     }
 BRAID_EW_FOREACH_PAIR(GEN_COMBINE)
 #undef GEN_COMBINE
@@ -241,24 +249,23 @@ BRAID_EW_FOREACH_PAIR(GEN_COMBINE)
     static void vavg_final_##name(void *dst, const void *a, const void *b, size_t count,      \
                                   int nranks)                                                  \
     {                                                                                          \
-        T *d = dst;                                                                            \
-        const T *x = a, *y = b;                                                                \
         size_t i = 0;                                                                          \
         for (; i + VW_##name <= count; i += VW_##name)                                         \
-            v_##name##_store(d + i, v_##name##_div(v_##name##_sum(v_##name##_load(x + i),      \
-                                                                  v_##name##_load(y + i)),     \
-                                                   nranks));                                   \
+            v_##name##_store(AT_MUT(dst, i, T),                                                \
+                             v_##name##_div(v_##name##_sum(v_##name##_load(AT(a, i, T)),       \
+                                                           v_##name##_load(AT(b, i, T))),      \
+                                            nranks));                                          \
         for (; i < count; i++)                                                                 \
-            d[i] = braid__ew_##name##_avg_final(x[i], y[i], nranks);                           \
+            braid__st_##name(dst, i, braid__ew_##name##_avg_final(braid__ld_##name(a, i),       \
+                                                                  braid__ld_##name(b, i), nranks)); \
     }                                                                                          \
     static void vscale_##name(void *buf, size_t count, int nranks)                             \
     {                                                                                          \
-        T *p = buf;                                                                            \
         size_t i = 0;                                                                          \
         for (; i + VW_##name <= count; i += VW_##name)                                         \
-            v_##name##_store(p + i, v_##name##_div(v_##name##_load(p + i), nranks));           \
+            v_##name##_store(AT_MUT(buf, i, T), v_##name##_div(v_##name##_load(AT(buf, i, T)), nranks)); \
         for (; i < count; i++)                                                                 \
-            p[i] = braid__ew_##name##_scale(p[i], nranks);                                     \
+            braid__st_##name(buf, i, braid__ew_##name##_scale(braid__ld_##name(buf, i), nranks)); \
     }
 FLOAT_DTYPES(GEN_AVG)
 #undef GEN_AVG
@@ -267,52 +274,44 @@ FLOAT_DTYPES(GEN_AVG)
 
 static void vcast_f16_f32(void *dst, const void *src, size_t count)
 {
-    uint16_t *d = dst;
-    const float *s = src;
     size_t i = 0;
     for (; i + 8 <= count; i += 8)
-        v_f16_store(d + i, _mm256_loadu_ps(s + i));
+        v_f16_store(AT_MUT(dst, i, uint16_t), v_f32_load(AT(src, i, float)));
     for (; i < count; i++)
-        d[i] = braid__ew_f32_to_f16(s[i]);
+        braid__st_f16(dst, i, braid__ew_f32_to_f16(braid__ld_f32(src, i)));
 }
 
 static void vcast_f32_f16(void *dst, const void *src, size_t count)
 {
-    float *d = dst;
-    const uint16_t *s = src;
     size_t i = 0;
     for (; i + 8 <= count; i += 8)
-        _mm256_storeu_ps(d + i, v_f16_load(s + i));
+        v_f32_store(AT_MUT(dst, i, float), v_f16_load(AT(src, i, uint16_t)));
     for (; i < count; i++)
-        d[i] = braid__ew_f16_to_f32(s[i]);
+        braid__st_f32(dst, i, braid__ew_f16_to_f32(braid__ld_f16(src, i)));
 }
 
 static void vcast_bf16_f32(void *dst, const void *src, size_t count)
 {
-    uint16_t *d = dst;
-    const float *s = src;
     size_t i = 0;
     for (; i + 8 <= count; i += 8)
-        v_bf16_store(d + i, _mm256_loadu_ps(s + i));
+        v_bf16_store(AT_MUT(dst, i, uint16_t), v_f32_load(AT(src, i, float)));
     for (; i < count; i++)
-        d[i] = braid__ew_f32_to_bf16(s[i]);
+        braid__st_bf16(dst, i, braid__ew_f32_to_bf16(braid__ld_f32(src, i)));
 }
 
 /* Widening with the definition's NaN rule: a signalling NaN comes back
  * quiet (bit 22 set), payload kept. */
 static void vcast_f32_bf16(void *dst, const void *src, size_t count)
 {
-    float *d = dst;
-    const uint16_t *s = src;
     size_t i = 0;
     for (; i + 8 <= count; i += 8) {
-        __m256 v = v_bf16_load(s + i);
+        __m256 v = v_bf16_load(AT(src, i, uint16_t));
         __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
         __m256 quiet = _mm256_and_ps(nan, _mm256_castsi256_ps(_mm256_set1_epi32(0x00400000)));
-        _mm256_storeu_ps(d + i, _mm256_or_ps(v, quiet));
+        v_f32_store(AT_MUT(dst, i, float), _mm256_or_ps(v, quiet));
     }
     for (; i < count; i++)
-        d[i] = braid__ew_bf16_to_f32(s[i]);
+        braid__st_f32(dst, i, braid__ew_bf16_to_f32(braid__ld_bf16(src, i)));
 }
 
 #if defined(__clang__)

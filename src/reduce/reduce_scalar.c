@@ -7,16 +7,17 @@
 
 #include "reduce/elementwise.h"
 #include "reduce/reduce_impl.h"
+#include "reduce/unaligned.h"
 
 /* dst may alias a or b exactly: each element is read before it is written,
- * so no restrict qualifiers here. */
+ * so no restrict qualifiers here. Buffers may have any alignment, so every
+ * element goes through unaligned.h's loads and stores. */
 #define GEN_COMBINE(ENUM, name, T, C, OPENUM, op, combine)                                     \
     static void combine_##name##_##op(void *dst, const void *a, const void *b, size_t count)  \
     {                                                                                          \
-        T *d = dst;                                                                            \
-        const T *x = a, *y = b;                                                                \
         for (size_t i = 0; i < count; i++)                                                     \
-            d[i] = braid__ew_##name##_##op(x[i], y[i]);                                        \
+            braid__st_##name(dst, i, braid__ew_##name##_##op(braid__ld_##name(a, i),            \
+                                                             braid__ld_##name(b, i)));          \
     }
 BRAID_EW_FOREACH_PAIR(GEN_COMBINE)
 #undef GEN_COMBINE
@@ -25,16 +26,14 @@ BRAID_EW_FOREACH_PAIR(GEN_COMBINE)
     static void avg_final_##name(void *dst, const void *a, const void *b, size_t count,       \
                                  int nranks)                                                   \
     {                                                                                          \
-        T *d = dst;                                                                            \
-        const T *x = a, *y = b;                                                                \
         for (size_t i = 0; i < count; i++)                                                     \
-            d[i] = braid__ew_##name##_avg_final(x[i], y[i], nranks);                           \
+            braid__st_##name(dst, i, braid__ew_##name##_avg_final(braid__ld_##name(a, i),       \
+                                                                  braid__ld_##name(b, i), nranks)); \
     }                                                                                          \
     static void scale_##name(void *buf, size_t count, int nranks)                              \
     {                                                                                          \
-        T *p = buf;                                                                            \
         for (size_t i = 0; i < count; i++)                                                     \
-            p[i] = braid__ew_##name##_scale(p[i], nranks);                                     \
+            braid__st_##name(buf, i, braid__ew_##name##_scale(braid__ld_##name(buf, i), nranks)); \
     }
 BRAID_EW_FOREACH_DTYPE(GEN_DTYPE_FUNCS)
 #undef GEN_DTYPE_FUNCS
@@ -44,11 +43,9 @@ BRAID_EW_FOREACH_DTYPE(GEN_DTYPE_FUNCS)
 #define GEN_CAST(dname, DT, sname, ST, expr)                                                   \
     static void cast_##dname##_##sname(void *dst, const void *src, size_t count)               \
     {                                                                                          \
-        DT *d = dst;                                                                           \
-        const ST *s = src;                                                                     \
         for (size_t i = 0; i < count; i++) {                                                   \
-            ST v = s[i];                                                                       \
-            d[i] = (expr);                                                                     \
+            ST v = braid__ld_##sname(src, i);                                                  \
+            braid__st_##dname(dst, i, (expr));                                                 \
         }                                                                                      \
     }
 GEN_CAST(f16, uint16_t, f32, float, braid__ew_f32_to_f16(v))
