@@ -88,7 +88,9 @@ typedef struct {
 } braid_unique_id_t;
 
 /** Process-group configuration. Zero/NULL fields take the environment
- *  value (BRAID_*), then the built-in default. */
+ *  value (BRAID_*), then the built-in default. Values out of range
+ *  (a negative timeout_ms, nsocks outside 0..16, checksum outside -1..1,
+ *  an unknown algo) make braid_pg_init fail with BRAID_ERR_INVALID_ARG. */
 typedef struct {
     size_t size;             /**< sizeof(braid_config): set by BRAID_CONFIG_INIT */
     int timeout_ms;          /**< every blocking wait; 0: BRAID_TIMEOUT_MS or 300000 */
@@ -107,6 +109,52 @@ typedef struct {
 typedef struct braid_pg braid_pg;             /**< opaque process group */
 typedef struct braid_work braid_work;         /**< opaque async handle */
 typedef struct braid_bucketer braid_bucketer; /**< opaque DDP gradient bucketer */
+
+/*
+ * Threads and lifetimes.
+ *
+ * Threads: the library is thread-safe across groups (calls on different
+ * groups may run at once on any threads). On one group:
+ *  - braid_pg_rank, _size, _local_rank, _local_size and braid_pg_error may
+ *    run on any thread at any time while the group is alive;
+ *  - braid_pg_abort may run on any thread, also in a signal handler, while
+ *    another thread is blocked in a call on the group: that call returns
+ *    BRAID_ERR_ABORTED;
+ *  - collectives, sends and receives run one at a time in the order the
+ *    group receives them, and every rank must issue them in the same order.
+ *    Issue them from one thread at a time, or order the threads yourself:
+ *    otherwise the order is up to the scheduler and ranks disagree on it
+ *    (BRAID_ERR_MISMATCH);
+ *  - braid_group_start/end are per thread (see there); a bucketer is used
+ *    by one thread at a time;
+ *  - braid_wait, braid_test and braid_work_free on a work handle may run on
+ *    any thread, one at a time per handle;
+ *  - braid_last_error is per thread: it describes the calling thread's last
+ *    failed call, whatever other threads do.
+ *
+ * Lifetimes:
+ *  - a group lives from a successful braid_pg_init/_init_env/_shrink until
+ *    braid_pg_destroy, which must not run at the same time as any other call
+ *    on that group (braid_pg_abort included). After it returns the handle is
+ *    dead and must not be used. braid detects such use without undefined
+ *    behaviour: the destroyed group's memory is emptied but kept (a few
+ *    hundred bytes for the life of the process, never reused for another
+ *    group), so every call through the dead handle, a second
+ *    braid_pg_destroy included, returns BRAID_ERR_INVALID_ARG saying the
+ *    group was destroyed (braid_pg_rank and the other int queries return
+ *    -1). Two threads destroying one group at once: exactly one succeeds;
+ *  - a work handle stays valid until braid_work_free, also after its group
+ *    is destroyed (destroy ends pending work with BRAID_ERR_ABORTED first),
+ *    and must be freed exactly once;
+ *  - buffers passed to a call must stay valid until it completes (for an
+ *    asynchronous call: until braid_wait or braid_test reports it done). A
+ *    rank that frees a buffer under a pending call is a program error; a
+ *    peer that fails and frees its buffers is a failure, reported as
+ *    BRAID_ERR_PEER naming it;
+ *  - buffers may have any alignment: element access is defined for every
+ *    address (aligned buffers are faster);
+ *  - a bucketer must be destroyed before its group.
+ */
 
 /** Name of a status code ("BRAID_ERR_PEER"). Never NULL. */
 BRAID_API const char *braid_status_string(braid_status status);
@@ -144,7 +192,9 @@ BRAID_API braid_status braid_pg_init_env(braid_pg **pg, const braid_config *cfg)
  *  pending and future call on it returns BRAID_ERR_ABORTED. */
 BRAID_API braid_status braid_pg_abort(braid_pg *pg);
 
-/** Release the group. Pending work ends with BRAID_ERR_ABORTED first. */
+/** Release the group. Pending work ends with BRAID_ERR_ABORTED first. NULL
+ *  is a no-op; a handle already destroyed gives BRAID_ERR_INVALID_ARG (see
+ *  "Threads and lifetimes" above). */
 BRAID_API braid_status braid_pg_destroy(braid_pg *pg);
 
 BRAID_API int braid_pg_rank(const braid_pg *pg);

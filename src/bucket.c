@@ -425,8 +425,9 @@ braid_status braid__bucketer_bucket_info(const braid_bucketer *b, int k, braid__
 BRAID_API braid_status braid_bucketer_create(braid_bucketer **out, braid_pg *pg, size_t bucket_bytes,
                                              size_t first_bucket_bytes)
 {
-    if (!out || !pg)
-        return braid__error(BRAID_ERR_INVALID_ARG, "bucketer: create: %s is NULL", out ? "pg" : "bucketer pointer");
+    if (!out)
+        return braid__error(BRAID_ERR_INVALID_ARG, "bucketer: create: bucketer pointer is NULL");
+    BRAID_CHECK(braid__pg_check_handle(pg, "bucketer: create"));
     braid_bucketer *b = calloc(1, sizeof(*b));
     if (!b)
         return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: bucketer: out of memory", braid_pg_rank(pg));

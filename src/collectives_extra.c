@@ -17,8 +17,7 @@ static int overlap(const void *a, size_t alen, const void *b, size_t blen)
 static braid_status check_common(braid_pg *pg, const char *name, size_t count, int per_rank, braid_dtype dtype,
                                  void *cuda_stream)
 {
-    if (!pg)
-        return braid__error(BRAID_ERR_INVALID_ARG, "%s: pg is NULL", name);
+    BRAID_CHECK(braid__pg_check_handle(pg, name));
     size_t blocks = per_rank ? (size_t)pg->size : 1;
     size_t esize = braid_dtype_size(dtype);
     if (esize == 0)

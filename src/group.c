@@ -32,8 +32,7 @@ static int owned_here(const struct braid_group *g)
 
 BRAID_API braid_status braid_group_start(braid_pg *pg)
 {
-    if (!pg)
-        return braid__error(BRAID_ERR_INVALID_ARG, "braid_group_start: pg is NULL");
+    BRAID_CHECK(braid__pg_check_handle(pg, "braid_group_start"));
     pthread_mutex_lock(&pg->mu);
     if (!pg->group && !(pg->group = calloc(1, sizeof(*pg->group)))) {
         pthread_mutex_unlock(&pg->mu);
@@ -69,8 +68,7 @@ static braid_status check_batches(const braid_pg *pg, const braid_coll *ops, int
 
 BRAID_API braid_status braid_group_end(braid_pg *pg, braid_work **work)
 {
-    if (!pg)
-        return braid__error(BRAID_ERR_INVALID_ARG, "braid_group_end: pg is NULL");
+    BRAID_CHECK(braid__pg_check_handle(pg, "braid_group_end"));
     if (work)
         *work = NULL;
     pthread_mutex_lock(&pg->mu);

@@ -1,6 +1,7 @@
 /* Process group: rendezvous, connections, failure state and the public
  * collective entry points (argument checks, then the executor). */
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
@@ -66,6 +67,16 @@ static braid_status apply_config(braid_pg *pg, const braid_config *cfg)
                                 cfg->size);
         memcpy(&c, cfg, cfg->size < sizeof(c) ? cfg->size : sizeof(c));
     }
+    /* 0 means "not set"; a negative value is a mistake, not a default. */
+    if (c.timeout_ms < 0)
+        return braid__error(BRAID_ERR_INVALID_ARG, "braid_config.timeout_ms %d is negative (0: BRAID_TIMEOUT_MS or "
+                            "the default)", c.timeout_ms);
+    if (c.nsocks < 0 || c.nsocks > 16)
+        return braid__error(BRAID_ERR_INVALID_ARG, "braid_config.nsocks %d out of range [1, 16] (0: automatic)",
+                            c.nsocks);
+    if (c.checksum < -1 || c.checksum > 1)
+        return braid__error(BRAID_ERR_INVALID_ARG, "braid_config.checksum %d is invalid (1 on, -1 off, 0: "
+                            "BRAID_CHECKSUM)", c.checksum);
     long long timeout = c.timeout_ms > 0 ? c.timeout_ms : braid__param_int("BRAID_TIMEOUT_MS", DEFAULT_TIMEOUT_MS);
     long long nsocks = c.nsocks > 0 ? c.nsocks : braid__param_int("BRAID_NSOCKS", AUTO_NSOCKS);
     long long chunk = c.chunk_bytes > 0 ? (long long)c.chunk_bytes
@@ -109,6 +120,7 @@ static braid_pg *pg_alloc(int rank, int size)
         free(pg);
         return NULL;
     }
+    atomic_init(&pg->magic, BRAID_PG_MAGIC_LIVE);
     pthread_mutex_init(&pg->mu, NULL);
     braid__work_cond_init(pg);
     atomic_init(&pg->aborted, 0);
@@ -116,7 +128,57 @@ static braid_pg *pg_alloc(int rank, int size)
     return pg;
 }
 
+/* Destroyed groups, kept so stale handles stay detectable (pg.h). */
+static pthread_mutex_t destroyed_mu = PTHREAD_MUTEX_INITIALIZER;
+static braid_pg *destroyed_head;
+
+braid_status braid__pg_check_handle_quiet(const braid_pg *pg)
+{
+    if (!pg || atomic_load(&((braid_pg *)pg)->magic) != BRAID_PG_MAGIC_LIVE)
+        return BRAID_ERR_INVALID_ARG;
+    return BRAID_OK;
+}
+
+braid_status braid__pg_check_handle(const braid_pg *pg, const char *op)
+{
+    if (!pg)
+        return braid__error(BRAID_ERR_INVALID_ARG, "%s: pg is NULL", op);
+    uint64_t magic = atomic_load(&((braid_pg *)pg)->magic);
+    if (magic == BRAID_PG_MAGIC_DEAD)
+        return braid__error(BRAID_ERR_INVALID_ARG,
+                            "%s: process group %p was destroyed by braid_pg_destroy; a destroyed handle must not be "
+                            "used", op, (const void *)pg);
+    if (magic != BRAID_PG_MAGIC_LIVE)
+        return braid__error(BRAID_ERR_INVALID_ARG, "%s: %p is not a process group handle", op, (const void *)pg);
+    return BRAID_OK;
+}
+
+static void pg_release_members(braid_pg *pg);
+
+/* Init failed before the caller saw the handle: nothing can refer to it. */
 static void pg_release(braid_pg *pg)
+{
+    pg_release_members(pg);
+    free(pg);
+}
+
+/* braid_pg_destroy: release everything but the struct itself, which is
+ * emptied (so a stale call finds no connections, threads or buffers) and
+ * kept. A few hundred bytes per destroyed group, for the process's life. */
+static void pg_tombstone(braid_pg *pg)
+{
+    pg_release_members(pg);
+    memset((char *)pg + offsetof(braid_pg, rank), 0, sizeof(*pg) - offsetof(braid_pg, rank));
+    pg->wake_fd = -1;
+    atomic_store(&pg->error, BRAID_ERR_INVALID_ARG);
+    atomic_store(&pg->aborted, 1);
+    pthread_mutex_lock(&destroyed_mu);
+    pg->next_destroyed = destroyed_head;
+    destroyed_head = pg;
+    pthread_mutex_unlock(&destroyed_mu);
+}
+
+static void pg_release_members(braid_pg *pg)
 {
     braid__work_stop_thread(pg);
     braid__hmem_pg_release(pg);
@@ -149,7 +211,6 @@ static void pg_release(braid_pg *pg)
     free(pg->local_addr);
     free(pg->host_hash);
     free(pg->hier_topo);
-    free(pg);
 }
 
 /* Every rank arrives before any leaves: rank 0's store must outlive the
@@ -474,7 +535,7 @@ BRAID_API braid_status braid_pg_init_env(braid_pg **pg, const braid_config *cfg)
 
 BRAID_API braid_status braid_pg_abort(braid_pg *pg)
 {
-    if (!pg)
+    if (braid__pg_check_handle_quiet(pg) != BRAID_OK)
         return BRAID_ERR_INVALID_ARG; /* no error text: may run in a signal handler */
     /* Only async-signal-safe operations: an atomic store and a write(). */
     atomic_store(&pg->aborted, 1);
@@ -490,34 +551,40 @@ BRAID_API braid_status braid_pg_destroy(braid_pg *pg)
 {
     if (!pg)
         return BRAID_OK;
+    BRAID_CHECK(braid__pg_check_handle(pg, "braid_pg_destroy"));
     braid_pg_abort(pg);
-    pg_release(pg);
+    /* One destroy wins; a concurrent second one sees the handle dead. */
+    uint64_t live = BRAID_PG_MAGIC_LIVE;
+    if (!atomic_compare_exchange_strong(&pg->magic, &live, BRAID_PG_MAGIC_DEAD))
+        return braid__pg_check_handle(pg, "braid_pg_destroy");
+    pg_tombstone(pg);
     return BRAID_OK;
 }
 
 BRAID_API int braid_pg_rank(const braid_pg *pg)
 {
-    return pg ? pg->rank : -1;
+    return braid__pg_check_handle_quiet(pg) == BRAID_OK ? pg->rank : -1;
 }
 
 BRAID_API int braid_pg_size(const braid_pg *pg)
 {
-    return pg ? pg->size : -1;
+    return braid__pg_check_handle_quiet(pg) == BRAID_OK ? pg->size : -1;
 }
 
 BRAID_API int braid_pg_local_rank(const braid_pg *pg)
 {
-    return pg ? pg->local_rank : -1;
+    return braid__pg_check_handle_quiet(pg) == BRAID_OK ? pg->local_rank : -1;
 }
 
 BRAID_API int braid_pg_local_size(const braid_pg *pg)
 {
-    return pg ? pg->local_size : -1;
+    return braid__pg_check_handle_quiet(pg) == BRAID_OK ? pg->local_size : -1;
 }
 
 BRAID_API braid_status braid_pg_error(const braid_pg *pg)
 {
-    return pg ? (braid_status)atomic_load(&pg->error) : BRAID_ERR_INVALID_ARG;
+    BRAID_CHECK(braid__pg_check_handle(pg, "braid_pg_error"));
+    return (braid_status)atomic_load(&pg->error);
 }
 
 braid_status braid__pg_conn(braid_pg *pg, int peer, braid_conn **conn)
@@ -595,8 +662,7 @@ braid_status braid__pg_check_usable(braid_pg *pg, const char *op_name)
 static braid_status check_buffer_args(braid_pg *pg, const char *op, const void *a, const void *b, size_t count,
                                       braid_dtype dtype)
 {
-    if (!pg)
-        return braid__error(BRAID_ERR_INVALID_ARG, "%s: pg is NULL", op);
+    BRAID_CHECK(braid__pg_check_handle(pg, op));
     size_t esize = braid_dtype_size(dtype);
     if (esize == 0)
         return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: invalid dtype %d", pg->rank, op, (int)dtype);

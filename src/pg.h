@@ -50,7 +50,16 @@ struct braid_work {
     char error_text[512];
 };
 
+/* braid_pg.magic: a live group, and one braid_pg_destroy has released.
+ * A destroyed group's struct is kept (emptied, on a list) rather than
+ * freed, so a later call through a stale handle reads defined memory and
+ * fails with BRAID_ERR_INVALID_ARG instead of using freed memory. */
+#define BRAID_PG_MAGIC_LIVE 0x62726169642d7067ull /* "braid-pg" */
+#define BRAID_PG_MAGIC_DEAD 0x64657374726f7964ull /* "destroyd" */
+
 struct braid_pg {
+    _Atomic uint64_t magic;
+    struct braid_pg *next_destroyed;
     int rank;
     int size;
     int local_rank;             /* among the ranks on this host (see braid.h) */
@@ -131,6 +140,12 @@ braid_status braid__pg_scratch(braid_pg *pg, size_t bytes, void **buf);
 /* Mark the group broken with the current thread's error (first one wins)
  * and close every connection, so peers blocked on us fail fast too. */
 void braid__pg_fail(braid_pg *pg, braid_status status);
+
+/* BRAID_ERR_INVALID_ARG naming op when pg is NULL, destroyed or not a
+ * group handle; BRAID_OK for a live group. Async-signal-safe when quiet
+ * (no error text is written). */
+braid_status braid__pg_check_handle(const braid_pg *pg, const char *op);
+braid_status braid__pg_check_handle_quiet(const braid_pg *pg);
 
 /* Returns the status to report when the group is unusable, else BRAID_OK. */
 braid_status braid__pg_check_usable(braid_pg *pg, const char *op_name);
