@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -26,7 +27,6 @@
 #define AUTO_NSOCKS 0 /* the transport picks per peer */
 #define STORE_DRAIN_MS 5000 /* longest rank 0 waits at destroy for others to leave its store */
 #define DEFAULT_CHUNK_BYTES (512 * 1024)
-#define MAX_GROUP_SIZE 65536
 #define EAGER_MESH_MAX 64
 
 BRAID_API size_t braid_dtype_size(braid_dtype dtype)
@@ -45,13 +45,13 @@ BRAID_API int braid_version(void)
 
 static braid_algo parse_algo(const char *s)
 {
-    if (!s || !strcmp(s, "auto"))
+    if (!s || !strcasecmp(s, "auto"))
         return BRAID_ALGO_AUTO;
-    if (!strcmp(s, "ring"))
+    if (!strcasecmp(s, "ring"))
         return BRAID_ALGO_RING;
-    if (!strcmp(s, "rd") || !strcmp(s, "recursive_doubling"))
+    if (!strcasecmp(s, "rd") || !strcasecmp(s, "recursive_doubling"))
         return BRAID_ALGO_RECURSIVE_DOUBLING;
-    if (!strcmp(s, "hier") || !strcmp(s, "hierarchical"))
+    if (!strcasecmp(s, "hier") || !strcasecmp(s, "hierarchical"))
         return BRAID_ALGO_HIER;
     BRAID_WARN("ignoring BRAID_ALGO=%s (expected auto, ring, rd or hier)", s);
     return BRAID_ALGO_AUTO;
@@ -94,7 +94,7 @@ static braid_status apply_config(braid_pg *pg, const braid_config *cfg)
     pg->ctx.nsocks = (int)nsocks;
     pg->chunk_bytes = (size_t)chunk & ~(size_t)63; /* whole cache lines: vector-friendly chunk edges */
     pg->algo = c.algo != BRAID_ALGO_AUTO ? c.algo : parse_algo(braid__param_str("BRAID_ALGO"));
-    pg->checksum = c.checksum != 0 ? c.checksum > 0 : braid__param_int("BRAID_CHECKSUM", 0) > 0;
+    pg->checksum = c.checksum != 0 ? c.checksum > 0 : braid__param_bool("BRAID_CHECKSUM", 0);
     return BRAID_OK;
 }
 
@@ -480,6 +480,9 @@ static braid_status pg_join(braid_pg *pg, const braid_rendezvous *rv, const brai
 static braid_status pg_init_common(braid_pg **out, int rank, int size, const braid_rendezvous *rv,
                                    const braid_config *cfg)
 {
+    /* Every bad BRAID_* variable fails every rank here, at once, instead
+     * of being ignored with a warning or met later in a transport. */
+    BRAID_CHECK(braid__params_check(0));
     braid_pg *pg = pg_alloc(rank, size);
     if (!pg)
         return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for a group of %d", rank, size);
@@ -516,7 +519,7 @@ BRAID_API braid_status braid_pg_init(braid_pg **pg, int rank, int size, const br
 {
     if (!pg || !id)
         return braid__error(BRAID_ERR_INVALID_ARG, "braid_pg_init: %s is NULL", !pg ? "pg" : "id");
-    if (size < 1 || size > MAX_GROUP_SIZE || rank < 0 || rank >= size)
+    if (size < 1 || size > BRAID_MAX_RANKS || rank < 0 || rank >= size)
         return braid__error(BRAID_ERR_INVALID_ARG, "braid_pg_init: rank %d / size %d out of range", rank, size);
     braid_rendezvous rv;
     BRAID_CHECK(braid__unique_id_decode(id, &rv));
@@ -529,6 +532,7 @@ BRAID_API braid_status braid_pg_init_env(braid_pg **pg, const braid_config *cfg)
         return braid__error(BRAID_ERR_INVALID_ARG, "braid_pg_init_env: pg is NULL");
     braid_rendezvous rv;
     int rank, size;
+    BRAID_CHECK(braid__params_check(1));
     BRAID_CHECK(braid__env_rendezvous(&rank, &size, &rv));
     return pg_init_common(pg, rank, size, &rv, cfg);
 }

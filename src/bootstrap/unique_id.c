@@ -175,7 +175,7 @@ static braid_status env_int(const char *name, const char *text, long lo, long hi
 {
     char *end;
     errno = 0;
-    long v = strtol(text, &end, 10);
+    long v = braid__param_decimal(text, &end);
     if (errno || *end || v < lo || v > hi)
         return braid__error(BRAID_ERR_INVALID_ARG, "%s=%s is not an integer in [%ld, %ld]", name, text, lo, hi);
     *out = (int)v;
@@ -222,7 +222,7 @@ braid_status braid__env_rendezvous(int *rank, int *size, braid_rendezvous *rv)
                             "braid_pg_init_env: no launcher environment (need RANK/WORLD_SIZE from torchrun, "
                             "OMPI_COMM_WORLD_RANK/SIZE from mpirun or SLURM_PROCID/SLURM_NTASKS from srun)");
     int r, s;
-    BRAID_CHECK(env_int(size_name, size_text, 1, 1 << 20, &s));
+    BRAID_CHECK(env_int(size_name, size_text, 1, BRAID_MAX_RANKS, &s));
     BRAID_CHECK(env_int(rank_name, rank_text, 0, s - 1, &r));
 
     const char *addr = braid__param_str("MASTER_ADDR");
