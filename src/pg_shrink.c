@@ -511,6 +511,7 @@ static braid_status derive_secret(const uint8_t old[BRAID_SECRET_BYTES], const u
 
 BRAID_API braid_status braid_pg_shrink(braid_pg *pg, int timeout_ms, braid_pg **new_pg)
 {
+    BRAID_CHECK(braid__pg_check_handle(pg, "braid_pg_shrink"));
     if (!pg || !new_pg)
         return braid__error(BRAID_ERR_INVALID_ARG, "braid_pg_shrink: %s is NULL", !pg ? "pg" : "new_pg");
     if (timeout_ms == -1)

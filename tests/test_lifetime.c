@@ -53,6 +53,9 @@ START_TEST(test_use_after_destroy)
     assert_destroyed_error(braid_group_start(pg), "braid_group_start");
     assert_destroyed_error(braid_group_end(pg, NULL), "braid_group_end");
     assert_destroyed_error(braid_pg_error(pg), "braid_pg_error");
+    braid_pg *shrunk = NULL;
+    assert_destroyed_error(braid_pg_shrink(pg, 1000, &shrunk), "braid_pg_shrink");
+    ck_assert_ptr_null(shrunk);
     braid_bucketer *bk;
     assert_destroyed_error(braid_bucketer_create(&bk, pg, 0, 0), "braid_bucketer_create");
     ck_assert_int_eq(braid_pg_abort(pg), BRAID_ERR_INVALID_ARG); /* signal-safe: no text */
