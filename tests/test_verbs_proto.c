@@ -231,7 +231,8 @@ START_TEST(window_random_schedules)
                 if (wire) {
                     uint32_t slot = (uint32_t)((tx.posted - wire) % nslots);
                     char why[128];
-                    ck_assert_msg(braid_verbs_rx_arrive(&rx, slot, why, sizeof(why)) == BRAID_OK, "%s", why);
+                    if (braid_verbs_rx_arrive(&rx, slot, why, sizeof(why)) != BRAID_OK)
+                        ck_abort_msg("%s", why);
                     wire--;
                     unpolled++;
                 }
@@ -248,24 +249,31 @@ START_TEST(window_random_schedules)
                 }
                 if (credits_wire && rng_below(2)) {
                     uint32_t take = credits_wire > 300 ? 300 : (uint32_t)credits_wire;
-                    ck_assert_int_eq(braid_verbs_tx_credit(&tx, take), BRAID_OK);
+                    if (braid_verbs_tx_credit(&tx, take) != BRAID_OK)
+                        ck_abort_msg("credit of %u refused: %s", take, braid_last_error());
                     credits_wire -= take;
                 }
                 break;
             }
             case 4:
                 if (unpolled) {
-                    ck_assert_int_eq(braid_verbs_tx_complete(&tx), BRAID_OK);
+                    if (braid_verbs_tx_complete(&tx) != BRAID_OK)
+                        ck_abort_msg("completion refused: %s", braid_last_error());
                     unpolled--;
                 }
                 break;
             }
-            /* The invariants the ring relies on. */
-            ck_assert_uint_le(tx.posted - tx.credited, window);
-            ck_assert_uint_le(tx.posted - tx.completed, window);
-            ck_assert_uint_le(rx.arrived - rx.consumed, nslots);
-            ck_assert_uint_le(rx.returned, rx.consumed);
-            ck_assert_uint_le(tx.credited, rx.returned);
+            /* The invariants the ring relies on. Plain checks: a passing
+             * ck_assert records its location through a system call, which
+             * made this loop of 4 million steps take minutes under load. */
+            if (tx.posted - tx.credited > window || tx.posted - tx.completed > window ||
+                rx.arrived - rx.consumed > nslots || rx.returned > rx.consumed || tx.credited > rx.returned)
+                ck_abort_msg("round %d step %d: window %u, slots %u: posted %llu credited %llu completed %llu, "
+                             "arrived %llu consumed %llu returned %llu",
+                             round, step, window, nslots, (unsigned long long)tx.posted,
+                             (unsigned long long)tx.credited, (unsigned long long)tx.completed,
+                             (unsigned long long)rx.arrived, (unsigned long long)rx.consumed,
+                             (unsigned long long)rx.returned);
         }
     }
 }
@@ -1585,7 +1593,9 @@ static Suite *verbs_proto_suite(void)
     tcase_add_test(chunk, window_random_schedules);
     tcase_add_test(chunk, window_rejects);
     tcase_add_test(chunk, window_credit_batching);
-    tcase_set_timeout(chunk, 60);
+    /* Generous: 60 s ran out on a loaded 2-core machine (load average 20),
+     * and this is about results, not speed. */
+    tcase_set_timeout(chunk, 300);
     suite_add_tcase(s, chunk);
 
     TCase *wire = tcase_create("setup_and_selection");
