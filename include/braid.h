@@ -137,9 +137,9 @@ typedef struct braid_bucketer braid_bucketer; /**< opaque DDP gradient bucketer 
  *    braid_pg_destroy, which must not run at the same time as any other call
  *    on that group (braid_pg_abort included). After it returns the handle is
  *    dead and must not be used. braid detects such use without undefined
- *    behaviour: the destroyed group's memory is emptied but kept (a few
- *    hundred bytes for the life of the process, never reused for another
- *    group), so every call through the dead handle, a second
+ *    behaviour: the destroyed group's memory is emptied but kept (about
+ *    1 KiB for the life of the process, never reused for another group),
+ *    so every call through the dead handle, a second
  *    braid_pg_destroy included, returns BRAID_ERR_INVALID_ARG saying the
  *    group was destroyed (braid_pg_rank and the other int queries return
  *    -1). Two threads destroying one group at once: exactly one succeeds;

@@ -164,7 +164,7 @@ static void pg_release(braid_pg *pg)
 
 /* braid_pg_destroy: release everything but the struct itself, which is
  * emptied (so a stale call finds no connections, threads or buffers) and
- * kept. A few hundred bytes per destroyed group, for the process's life. */
+ * kept. About 1 KiB per destroyed group, for the life of the process. */
 static void pg_tombstone(braid_pg *pg)
 {
     pg_release_members(pg);
@@ -537,17 +537,22 @@ BRAID_API braid_status braid_pg_init_env(braid_pg **pg, const braid_config *cfg)
     return pg_init_common(pg, rank, size, &rv, cfg);
 }
 
-BRAID_API braid_status braid_pg_abort(braid_pg *pg)
+/* Only async-signal-safe operations: atomic stores and a write(). */
+static void pg_abort_now(braid_pg *pg)
 {
-    if (braid__pg_check_handle_quiet(pg) != BRAID_OK)
-        return BRAID_ERR_INVALID_ARG; /* no error text: may run in a signal handler */
-    /* Only async-signal-safe operations: an atomic store and a write(). */
     atomic_store(&pg->aborted, 1);
     int expected = BRAID_OK;
     atomic_compare_exchange_strong(&pg->error, &expected, BRAID_ERR_ABORTED);
     uint64_t one = 1;
     ssize_t w = write(pg->wake_fd, &one, sizeof(one));
     (void)w;
+}
+
+BRAID_API braid_status braid_pg_abort(braid_pg *pg)
+{
+    if (braid__pg_check_handle_quiet(pg) != BRAID_OK)
+        return BRAID_ERR_INVALID_ARG; /* no error text: may run in a signal handler */
+    pg_abort_now(pg);
     return BRAID_OK;
 }
 
@@ -555,12 +560,12 @@ BRAID_API braid_status braid_pg_destroy(braid_pg *pg)
 {
     if (!pg)
         return BRAID_OK;
-    BRAID_CHECK(braid__pg_check_handle(pg, "braid_pg_destroy"));
-    braid_pg_abort(pg);
-    /* One destroy wins; a concurrent second one sees the handle dead. */
+    /* One destroy wins the magic word; a concurrent second one touches
+     * nothing else (not even the wake-up fd, which the winner closes). */
     uint64_t live = BRAID_PG_MAGIC_LIVE;
     if (!atomic_compare_exchange_strong(&pg->magic, &live, BRAID_PG_MAGIC_DEAD))
         return braid__pg_check_handle(pg, "braid_pg_destroy");
+    pg_abort_now(pg);
     pg_tombstone(pg);
     return BRAID_OK;
 }
