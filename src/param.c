@@ -21,6 +21,8 @@ const braid_param_info braid__params[] = {
     {"BRAID_ALGO", "auto", "all-reduce algorithm: auto, ring, rd (recursive doubling), hier (hierarchical)"},
     {"BRAID_CHECKSUM", "0", "1: CRC32C every chunk and fail on a mismatch"},
     {"BRAID_JOB_SECRET", NULL, "32 hex digits: job secret for braid_pg_init_env"},
+    {"BRAID_KEY_FILE", NULL, "per-user key (mode 0600, made on first use) the job secret of braid_pg_init_env "
+                             "derives from (unset: ~/.config/braid/job.key; none: public values only)"},
     {"BRAID_STORE_ADDR", NULL, "host:port for the unique id's rendezvous store"},
 };
 const size_t braid__param_count = sizeof(braid__params) / sizeof(braid__params[0]);
