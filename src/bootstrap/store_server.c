@@ -24,6 +24,7 @@
 #define ACCEPT_PAUSE_MS 100 /* after EMFILE: let fds free up instead of spinning */
 #define INITIAL_BUCKETS 64
 #define DRAIN_POLL_MS 10    /* while stopping: how often the client count is checked */
+#define FAILED_DRAIN_MS 5000 /* a failed job's store stays until every rank was told, or this long */
 
 /* CL_DELAY: a wrong proof, held silently until its deadline, then closed. */
 typedef enum { CL_HANDSHAKE, CL_HEADER, CL_BODY, CL_PARKED, CL_REPLY, CL_DELAY, CL_DEAD } client_state;
@@ -72,7 +73,19 @@ struct braid_store_server {
     braid_admit admit;
     braid_job_params job; /* size 0: parameters not checked */
     char failed[512];     /* why the job cannot start; "" while it can */
+    uint8_t *told;        /* [job.size]: ranks that got the reason */
+    uint32_t ntold;
+    uint32_t expect;      /* ranks to tell: the smallest world size any member stated */
 };
+
+/* A rank has been given the reason the job failed. */
+static void mark_told(braid_store_server *s, int rank)
+{
+    if (s->told && rank >= 0 && (uint32_t)rank < s->job.size && !s->told[rank]) {
+        s->told[rank] = 1;
+        s->ntold++;
+    }
+}
 
 /* ---- key-value table --------------------------------------------------- */
 
@@ -239,6 +252,7 @@ static void handle_request(braid_store_server *s, client *c)
     const uint8_t *key = c->body, *value = c->body + c->req.key_len;
     size_t key_len = c->req.key_len;
     if (s->failed[0]) {
+        mark_told(s, c->rank);
         client_reply(c, BRAID_STORE_REPLY_FAILED, (const uint8_t *)s->failed, strlen(s->failed));
         return;
     }
@@ -317,9 +331,12 @@ static void fail_job(braid_store_server *s, const char *why)
         return;
     snprintf(s->failed, sizeof(s->failed), "%s", why);
     BRAID_WARN("store: the job cannot start: %s", why);
-    for (client *c = s->clients; c; c = c->next)
-        if (c->state == CL_PARKED)
+    for (client *c = s->clients; c; c = c->next) {
+        if (c->state == CL_PARKED) {
+            mark_told(s, c->rank);
             client_reply(c, BRAID_STORE_REPLY_FAILED, (const uint8_t *)s->failed, strlen(s->failed));
+        }
+    }
 }
 
 /* The connection no longer counts as unproven for admission. */
@@ -336,11 +353,14 @@ static uint32_t judge(braid_store_server *s, client *c)
     char why[384], name[32];
     int bound;
     snprintf(name, sizeof(name), "rank %d", c->hs.peer.rank);
+    if (c->hs.peer.job.size > 0 && c->hs.peer.job.size < s->expect)
+        s->expect = c->hs.peer.job.size;
     if (!braid__job_params_diff(&c->hs.peer.job, name, &s->job, "rank 0 (the store)", why, sizeof(why), &bound))
         return BRAID_AUTH_ACCEPTED;
     char text[448];
     snprintf(text, sizeof(text), "job parameters differ: %s", why);
     fail_job(s, text);
+    mark_told(s, c->hs.peer.rank); /* the refusal names the parameter: it learns from its own hello */
     return BRAID_AUTH_REJECT_PARAMS;
 }
 
@@ -584,6 +604,22 @@ static size_t members(const braid_store_server *s)
     return n;
 }
 
+/* Stopping may finish: members gone, or, for a failed job, every rank of
+ * it told why and every reply sent. */
+static int drained(const braid_store_server *s)
+{
+    if (!s->failed[0])
+        return members(s) == 0;
+    for (const client *c = s->clients; c; c = c->next)
+        if (c->state == CL_REPLY || (c->state == CL_HANDSHAKE && c->hs.state >= BRAID_AUTH_SEND_RESULT))
+            return 0;
+    uint32_t n = s->expect < s->job.size ? s->expect : s->job.size;
+    for (uint32_t r = 0; r < n; r++)
+        if (!s->told[r])
+            return 0;
+    return 1;
+}
+
 static void *server_main(void *arg)
 {
     braid_store_server *s = arg;
@@ -616,11 +652,13 @@ static void *server_main(void *arg)
             char drain[16];
             ssize_t r = read(s->wake[0], drain, sizeof(drain));
             (void)r;
-            stop_at = braid__now_ms() + s->drain_ms;
+            /* A failed job's members are told why, even when the owner leaves at once. */
+            int grace = s->failed[0] && s->drain_ms < FAILED_DRAIN_MS ? FAILED_DRAIN_MS : s->drain_ms;
+            stop_at = braid__now_ms() + grace;
         }
         /* Only members are waited for: a stranger's connection is no reason
          * to keep the store. */
-        if (stop_at >= 0 && (members(s) == 0 || braid__now_ms() >= stop_at))
+        if (stop_at >= 0 && (drained(s) || braid__now_ms() >= stop_at))
             break;
         for (size_t i = 2; rc > 0 && i < n; i++)
             if (s->pfds[i].revents)
@@ -650,8 +688,15 @@ braid_status braid__store_server_start_job(int listen_fd, const uint8_t secret[B
     }
     s->listen_fd = listen_fd;
     memcpy(s->secret, secret, BRAID_SECRET_BYTES);
-    if (job)
+    if (job && job->size > 0) {
         s->job = *job;
+        s->expect = job->size;
+        s->told = calloc(job->size, 1);
+        if (!s->told) {
+            st = braid__error(BRAID_ERR_NO_MEMORY, "store: out of memory");
+            goto err_free_server;
+        }
+    }
     s->nbuckets = INITIAL_BUCKETS;
     s->buckets = calloc(s->nbuckets, sizeof(*s->buckets));
     if (!s->buckets) {
@@ -681,6 +726,7 @@ err_close_pipe:
 err_free_buckets:
     free(s->buckets);
 err_free_server:
+    free(s->told);
     free(s);
 err_close_listen:
     close(listen_fd);
@@ -708,6 +754,7 @@ void braid__store_server_stop_drained(braid_store_server *s, int grace_ms)
     }
     kv_free(s);
     braid__admit_free(&s->admit);
+    free(s->told);
     free(s->pfds);
     free(s->pclients);
     close(s->wake[0]);
