@@ -70,10 +70,22 @@ int braid__admit_enter(braid_admit *a, const char *host)
     braid_admit_source *s = find_or_add(a, host);
     if (!s)
         return -1;
-    int evict = s->unproven >= BRAID_ADMIT_PER_SOURCE ? 1 : a->unproven >= BRAID_ADMIT_TOTAL ? 2 : 0;
+    int per_source = a->per_source > 0 ? a->per_source : BRAID_ADMIT_PER_SOURCE;
+    int total = a->total > 0 ? a->total : BRAID_ADMIT_TOTAL;
+    int evict = s->unproven >= per_source ? 1 : a->unproven >= total ? 2 : 0;
     s->unproven++;
     a->unproven++;
     return evict;
+}
+
+void braid__admit_size(braid_admit *a, long members)
+{
+    if (members < 0)
+        members = 0;
+    if (members > 1 << 20)
+        members = 1 << 20;
+    a->per_source = BRAID_ADMIT_PER_SOURCE + 2 * (int)members;
+    a->total = BRAID_ADMIT_TOTAL + 2 * (int)members;
 }
 
 void braid__admit_leave(braid_admit *a, const char *host)

@@ -4,7 +4,8 @@
  * Per source address it counts the connections that have not proven the
  * job secret yet and the wrong proofs made recently:
  *  - a source holds at most BRAID_ADMIT_PER_SOURCE unproven connections and
- *    the listener at most BRAID_ADMIT_TOTAL; beyond that the listener drops
+ *    the listener at most BRAID_ADMIT_TOTAL, both raised by twice the
+ *    sockets its members open at once (braid__admit_size); beyond that the listener drops
  *    the oldest unproven one (one whose proof already failed first), never
  *    the newcomer, so a flood costs no file descriptors beyond the cap and
  *    cannot lock out a member, whose handshake takes a round trip;
@@ -36,8 +37,14 @@ typedef struct {
 typedef struct {
     braid_admit_source *v;
     size_t n, cap;
-    int unproven; /* over all sources */
+    int unproven;   /* over all sources */
+    int per_source; /* caps; 0: BRAID_ADMIT_PER_SOURCE, BRAID_ADMIT_TOTAL */
+    int total;
 } braid_admit;
+
+/* Caps for a listener that expects `members` sockets at once (every rank
+ * of a job on one host dialling together must fit with room to spare). */
+void braid__admit_size(braid_admit *a, long members);
 
 /* The source's host text for addr ("?" when it has none). */
 void braid__admit_host(const braid_sockaddr *addr, char host[BRAID_SOCK_ADDR_STR]);

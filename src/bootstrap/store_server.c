@@ -691,6 +691,7 @@ braid_status braid__store_server_start_job(int listen_fd, const uint8_t secret[B
     if (job && job->size > 0) {
         s->job = *job;
         s->expect = job->size;
+        braid__admit_size(&s->admit, job->size); /* every rank connects at once at init */
         s->told = calloc(job->size, 1);
         if (!s->told) {
             st = braid__error(BRAID_ERR_NO_MEMORY, "store: out of memory");
