@@ -158,7 +158,10 @@ braid_status braid__shrink_prepare(braid_pg *pg, const braid_config *cfg)
     int fd = fcntl(s->listen_fd, F_DUPFD_CLOEXEC, 0);
     if (fd < 0)
         return braid__error(BRAID_ERR_SYSTEM, "rank %d: shrink: dup of the shrink socket: %m", pg->rank);
-    BRAID_CHECK(braid__store_server_start(fd, pg->ctx.secret, &s->server));
+    /* Sized for every rank probing and registering at once; the size is
+     * not compared (callers state none). */
+    braid_job_params sized = {.size = (uint32_t)pg->size};
+    BRAID_CHECK(braid__store_server_start_job(fd, pg->ctx.secret, &sized, &s->server));
 
     char key[64];
     size_t len;

@@ -35,6 +35,7 @@
 #include "bootstrap/store.h"
 #include "braid_transport.h"
 #include "clock.h"
+#include "harness.h"
 #include "transports/shm/shm.h"
 
 #define STRANGER_UID 54321 /* no such user needed: setuid() takes any number */
@@ -67,22 +68,6 @@ static ssize_t read_within(int fd, void *buf, size_t cap, int ms)
         return 0;
     ssize_t n = recv(fd, buf, cap, MSG_DONTWAIT);
     return n > 0 ? n : -1;
-}
-
-static int wait_child(pid_t pid, int timeout_s)
-{
-    int64_t deadline = braid__now_ms() + timeout_s * 1000;
-    for (;;) {
-        int status;
-        if (waitpid(pid, &status, WNOHANG) == pid)
-            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        if (braid__now_ms() > deadline) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            return 124;
-        }
-        usleep(2000);
-    }
 }
 
 static int become_stranger(void)
@@ -241,7 +226,7 @@ START_TEST(key_file_private_and_shared)
     }
     close(pipefd[1]);
     for (int i = 0; i < USERS; i++)
-        ck_assert_int_eq(wait_child(pids[i], 30), 0);
+        ck_assert_int_eq(harness_wait_child(pids[i], 30), 0);
     uint8_t keys[USERS][32], again[32];
     for (int i = 0; i < USERS; i++)
         ck_assert_int_eq(read(pipefd[0], keys[i], 32), 32);
@@ -354,7 +339,7 @@ START_TEST(other_uid_cannot_join_store)
     braid_store_server *srv;
     ck_assert_int_eq(braid__store_server_start(fd, rv.secret, &srv), BRAID_OK);
     ck_assert_int_eq(write(gate[1], &port, sizeof(port)), (ssize_t)sizeof(port));
-    ck_assert_int_eq(wait_child(pid, 30), 0);
+    ck_assert_int_eq(harness_wait_child(pid, 30), 0);
     close(gate[1]);
     braid_store *c;
     ck_assert_int_eq(braid__store_connect("127.0.0.1", port, rv.secret, 1, 5000, &c), BRAID_OK);
@@ -441,7 +426,7 @@ START_TEST(shm_strangers_never_delay)
         char closed = 0;
         ck_assert_int_eq(read(verdict[0], &closed, 1), 1);
         ck_assert_int_eq(closed, 3);
-        ck_assert_int_eq(wait_child(pid, 30), 0);
+        ck_assert_int_eq(harness_wait_child(pid, 30), 0);
     }
     int own[3];
     for (int i = 0; i < 3; i++)
