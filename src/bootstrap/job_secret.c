@@ -99,6 +99,9 @@ braid_status braid__key_file_path(char *path, size_t cap)
     }
     if (!home || !*home)
         return braid__error(BRAID_ERR_INVALID_ARG, "no home directory (HOME unset, no passwd entry)");
+    struct stat st;
+    if (stat(home, &st) != 0 || !S_ISDIR(st.st_mode))
+        return braid__error(BRAID_ERR_INVALID_ARG, "home directory %s does not exist", home);
     if (snprintf(path, cap, "%s%s", home, KEY_FILE_DEFAULT) >= (int)cap)
         return braid__error(BRAID_ERR_INVALID_ARG, "home directory path too long");
     return BRAID_OK;
@@ -248,7 +251,11 @@ braid_status braid__job_secret_env(int rank, braid_rendezvous *rv)
             st = braid__error_quiet(BRAID_ERR_SYSTEM, "HMAC-SHA256 failed in libcrypto");
         }
     }
-    snprintf(why, sizeof(why), "%s", braid_last_error());
+    /* The cause without its status name, to quote. */
+    const char *cause = braid_last_error(), *sep = strstr(cause, ": ");
+    if (strncmp(cause, "BRAID_", 6) == 0 && sep)
+        cause = sep + 2;
+    snprintf(why, sizeof(why), "%s", cause);
     /* No key: a secret from public values still keeps strays and stale jobs
      * out, but not another user (docs/RELIABILITY.md). */
     BRAID_WARN("rank %d: the job secret derives from public values only (MASTER_ADDR, port, launcher job id): "
