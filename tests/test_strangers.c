@@ -37,6 +37,7 @@
 #include "clock.h"
 #include "harness.h"
 #include "transports/shm/shm.h"
+#include "transports/tcp/tcp.h"
 
 #define STRANGER_UID 54321 /* no such user needed: setuid() takes any number */
 
@@ -80,11 +81,11 @@ static int become_stranger(void)
 /* One guess at the store: hello, then a wrong proof. The store's hello must
  * carry no proof, nothing may follow until we prove, and the wrong proof
  * gets no answer but a close. Returns ms from our proof to the close. */
-static int64_t one_guess(int port)
+static int64_t guess_as(int port, uint8_t role, uint8_t peer_role)
 {
     int fd = raw_connect(port);
     ck_assert_int_ge(fd, 0);
-    braid_hello h = {.version = BRAID_WIRE_VERSION, .role = BRAID_ROLE_STORE_CLIENT, .rank = 1};
+    braid_hello h = {.version = BRAID_WIRE_VERSION, .role = role, .rank = 1, .target = 0, .nsocks = 1};
     ck_assert_int_eq(braid__random_bytes(h.nonce, sizeof(h.nonce)), BRAID_OK);
     uint8_t out[BRAID_HELLO_BYTES], in[256];
     braid__hello_encode(&h, out);
@@ -97,7 +98,7 @@ static int64_t one_guess(int port)
     }
     braid_hello a;
     ck_assert_int_eq(braid__hello_decode(in, BRAID_HELLO_BYTES, &a), BRAID_OK);
-    ck_assert_int_eq(a.role, BRAID_ROLE_STORE_SERVER);
+    ck_assert_int_eq(a.role, peer_role);
     /* No proof of the store's follows its hello: nothing to test guesses on. */
     ck_assert_int_eq(read_within(fd, in, sizeof(in), 200), 0);
     uint8_t mac[BRAID_MAC_BYTES] = {0};
@@ -108,6 +109,11 @@ static int64_t one_guess(int port)
     ck_assert_msg(n == -1, "the store answered a wrong proof with %zd bytes", n);
     close(fd);
     return waited;
+}
+
+static int64_t one_guess(int port)
+{
+    return guess_as(port, BRAID_ROLE_STORE_CLIENT, BRAID_ROLE_STORE_SERVER);
 }
 
 START_TEST(store_no_oracle_growing_delay)
@@ -184,6 +190,72 @@ START_TEST(store_stop_ignores_strangers)
     braid__store_server_stop_drained(srv, 5000);
     ck_assert_int_lt(braid__now_ms() - t0, 2000);
     close(stranger);
+}
+END_TEST
+
+/* ---- the TCP listener ----------------------------------------------------- */
+
+static braid_transport_ctx tcp_ctx(int rank)
+{
+    braid_transport_ctx ctx;
+    memset(&ctx, 0, sizeof(ctx));
+    ctx.rank = rank;
+    ctx.size = 2;
+    memcpy(ctx.secret, secret, sizeof(ctx.secret));
+    ctx.pg_tag = 0x5eed;
+    ctx.timeout_ms = 20000;
+    ctx.nsocks = 1;
+    snprintf(ctx.bind_ip, sizeof(ctx.bind_ip), "127.0.0.1");
+    return ctx;
+}
+
+static int addr_port(const char *addr)
+{
+    const char *colon = strrchr(addr, ':');
+    ck_assert_ptr_nonnull(colon);
+    return atoi(colon + 1);
+}
+
+/* The same attacks on a rank's TCP listener: no proof before ours, growing
+ * delays on wrong ones, a flood capped, and a member connected through it. */
+START_TEST(tcp_listener_strangers)
+{
+    enum { FLOOD = 300 };
+    braid_transport_ctx c0 = tcp_ctx(0), c1 = tcp_ctx(1);
+    braid_listener *l;
+    char addr[BRAID_ADDR_MAX] = {0};
+    ck_assert_int_eq(braid__tcp_ops.listen(&c0, &l, addr), BRAID_OK);
+    int port = addr_port(addr);
+    int64_t d1 = guess_as(port, BRAID_ROLE_TCP_CONNECT, BRAID_ROLE_TCP_ACCEPT);
+    int64_t d2 = guess_as(port, BRAID_ROLE_TCP_CONNECT, BRAID_ROLE_TCP_ACCEPT);
+    ck_assert_msg(d1 >= 90 && d2 >= 190, "delays %lld %lld ms", (long long)d1, (long long)d2);
+    int fds[FLOOD];
+    for (int i = 0; i < FLOOD; i++)
+        ck_assert_int_ge(fds[i] = raw_connect(port), 0);
+    int64_t t0 = braid__now_ms();
+    braid_conn *dialled, *accepted;
+    ck_assert_int_eq(braid__tcp_ops.connect(&c1, 0, addr, 5000, &dialled), BRAID_OK);
+    ck_assert_int_eq(braid__tcp_ops.accept(l, 1, 5000, &accepted), BRAID_OK);
+    int64_t member_ms = braid__now_ms() - t0;
+    int dropped = 0;
+    int64_t deadline = braid__now_ms() + 5000;
+    while (dropped < FLOOD - 2 * BRAID_ADMIT_PER_SOURCE && braid__now_ms() < deadline) {
+        dropped = 0;
+        for (int i = 0; i < FLOOD; i++) {
+            char b;
+            ssize_t n = recv(fds[i], &b, 1, MSG_DONTWAIT | MSG_PEEK);
+            dropped += n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+        }
+        usleep(20000);
+    }
+    /* The cap here is 32 plus two sockets per member (2 ranks, 1 socket). */
+    ck_assert_int_ge(dropped, FLOOD - 2 * BRAID_ADMIT_PER_SOURCE);
+    ck_assert_msg(member_ms < 2000, "member connected after %lld ms", (long long)member_ms);
+    for (int i = 0; i < FLOOD; i++)
+        close(fds[i]);
+    dialled->ops->close(dialled);
+    accepted->ops->close(accepted);
+    l->ops->close_listener(l);
 }
 END_TEST
 
@@ -455,6 +527,7 @@ int main(void)
     tcase_add_test(store, store_no_oracle_growing_delay);
     tcase_add_test(store, store_flood_capped);
     tcase_add_test(store, store_stop_ignores_strangers);
+    tcase_add_test(store, tcp_listener_strangers);
     suite_add_tcase(s, store);
     TCase *key = tcase_create("key");
     tcase_set_timeout(key, 60);
