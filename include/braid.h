@@ -184,8 +184,12 @@ BRAID_API braid_status braid_pg_init(braid_pg **pg, int rank, int size, const br
  *  MASTER_ADDR, MASTER_PORT), Open MPI (OMPI_COMM_WORLD_RANK/SIZE) or Slurm
  *  (SLURM_PROCID/SLURM_NTASKS), with MASTER_ADDR/MASTER_PORT giving rank 0's
  *  store. The job secret is BRAID_JOB_SECRET when set (32 hex digits), else
- *  derived from the launch variables (authenticates against strays, not
- *  against an attacker who can read the environment). */
+ *  derived from the launch variables under the user's private key file
+ *  (BRAID_KEY_FILE, default ~/.config/braid/job.key, made on first use), so
+ *  no other user can compute it; without a usable key file, from the launch
+ *  variables alone, with a warning on every rank. A rank whose WORLD_SIZE
+ *  (or checksum setting, job id, secret) differs makes every rank fail with
+ *  BRAID_ERR_MISMATCH naming it. */
 BRAID_API braid_status braid_pg_init_env(braid_pg **pg, const braid_config *cfg);
 
 /** Abort the group from any thread, also from a signal handler: every

@@ -64,6 +64,10 @@ const braid_param_info braid__params[] = {
          "be alike on every rank, else `braid_pg_init` fails with `BRAID_ERR_MISMATCH`"),
     STR("BRAID_JOB_SECRET", CORE, NULL,
         "32 hex digits: the job secret for `braid_pg_init_env` (unset: derived, see below)"),
+    STR("BRAID_KEY_FILE", CORE, NULL,
+        "per-user key the job secret of `braid_pg_init_env` derives from when `BRAID_JOB_SECRET` is unset: 64 "
+        "hex digits, mode 0600, made on first use; must be the same file on every host (a shared home, or a "
+        "copy). Unset: `~/.config/braid/job.key`; `none`: derive from public values only (every rank warns)"),
     INT("BRAID_STORE_PORT", CORE, 1, 65535, NULL,
         "port of braid's rendezvous store for `braid_pg_init_env` (unset: `MASTER_PORT` + 1)"),
     STR("BRAID_STORE_ADDR", CORE, NULL,
@@ -98,6 +102,7 @@ const braid_param_info braid__params[] = {
     INT("SLURM_LOCALID", LAUNCHER, 0, BRAID_MAX_RANKS - 1, NULL, "rank on this host (Slurm)"),
     STR("MASTER_ADDR", LAUNCHER, NULL, "rank 0's host (all launchers)"),
     INT("MASTER_PORT", LAUNCHER, 1, 65534, "29500", "the launcher's store port; braid's store uses the next one"),
+    STR("HOME", LAUNCHER, NULL, "the user's home: where the key file is kept unless `BRAID_KEY_FILE` says otherwise"),
     STR("TORCHELASTIC_RUN_ID", LAUNCHER, NULL, "job id mixed into the derived secret (torchrun)"),
     STR("SLURM_JOB_ID", LAUNCHER, NULL, "job id mixed into the derived secret (Slurm)"),
     STR("OMPI_MCA_ess_base_jobid", LAUNCHER, NULL, "job id mixed into the derived secret (Open MPI)"),

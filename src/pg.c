@@ -394,17 +394,28 @@ static braid_status pg_join(braid_pg *pg, const braid_rendezvous *rv, const brai
     if (pg->wake_fd < 0)
         return braid__error(BRAID_ERR_SYSTEM, "rank %d: eventfd: %m", pg->rank);
 
+    /* What every member must agree on, compared in the store handshake so a
+     * rank started with another WORLD_SIZE (or checksum setting, job id,
+     * secret) is named at once on every rank. A shrunk group states none:
+     * its members come from one agreement. */
+    braid_job_params params = {.size = (uint32_t)pg->size,
+                               .source = rv->secret_source,
+                               .checksum = (uint8_t)(pg->checksum != 0),
+                               .secret_id = braid__secret_id(rv->secret)};
+    snprintf(params.job_id, sizeof(params.job_id), "%s", rv->job_id);
+    const braid_job_params *job = rv->secret_source != BRAID_SECRET_UNSTATED ? &params : NULL;
     if (pg->rank == 0) {
         int fd = braid__prebound_take(rv->port);
         if (fd < 0) {
             int port;
             BRAID_CHECK(braid__sock_listen(rv->host, rv->port, &fd, &port));
         }
-        BRAID_CHECK(braid__store_server_start(fd, rv->secret, &pg->store_server));
+        BRAID_CHECK(braid__store_server_start_job(fd, rv->secret, job, &pg->store_server));
     } else {
         braid__prebound_release(rv->port);
     }
-    BRAID_CHECK(braid__store_connect(rv->host, rv->port, rv->secret, pg->rank, pg->timeout_ms, &pg->store));
+    BRAID_CHECK(
+        braid__store_connect_job(rv->host, rv->port, rv->secret, job, pg->rank, pg->timeout_ms, &pg->store));
     BRAID_CHECK(agree_tag(pg));
     BRAID_CHECK(braid__checksum_announce(pg->store, pg->checksum)); /* before our address: see below */
 

@@ -1,15 +1,20 @@
 /* Group shrink: after a rank failure the survivors agree on who is left and
  * go on in a smaller group (MPI ULFM's MPI_Comm_shrink, ncclCommShrink).
  *
- * Every rank opens a shrink socket in braid_pg_init and learns every other
- * rank's shrink address through the store, while the store still exists
- * (rank 0 may be the one that dies). The socket serves twice:
+ * Every rank opens a shrink socket in braid_pg_init, serves a temporary
+ * store on it (authenticated with the group's secret, one thread) and
+ * learns every other rank's shrink address through the store, while the
+ * store still exists (rank 0 may be the one that dies). The socket serves
+ * twice:
  *  - liveness: the kernel closes a dead process's sockets, so a connect to
- *    its shrink socket is refused. A refused connect is the only evidence of
- *    death trusted here: a rank that is slow or silent is never presumed
- *    dead where that could let two coordinators form two groups;
- *  - coordination: the coordinator serves a temporary store on it,
- *    authenticated with the old group's secret.
+ *    its shrink socket is refused, and a live member's store proves the
+ *    secret at once. An endpoint that accepts but cannot prove membership
+ *    (wrong proof, garbage, a close, or silence for PROBE_AUTH_MS) is a
+ *    process that took the dead rank's port, not a member: it counts as
+ *    gone. A live member is never presumed dead for being slow to call
+ *    braid_pg_shrink, which could let two coordinators form two groups;
+ *  - coordination: the coordinator's store gathers the registrations and
+ *    carries the decision.
  *
  * The agreement (docs/RELIABILITY.md, "Group shrink"):
  *  1. each caller walks ranks 0, 1, ... and stops at the first whose socket
@@ -59,6 +64,8 @@
 #define PROBE_INTERVAL_MS 100 /* re-probe of a rank that is alive but has not registered */
 #define POLL_MS 5             /* coordinator: registration poll */
 #define RETRY_MS 10           /* caller: pause before trying a coordinator again */
+#define PROBE_AUTH_MS 3000    /* a live member's store proves itself well within this */
+#define PROBE_RESETS 3        /* resets in a row before an endpoint counts as no member */
 
 enum { RANK_UNKNOWN = 0, RANK_MEMBER, RANK_DEAD };
 
@@ -146,6 +153,15 @@ braid_status braid__shrink_prepare(braid_pg *pg, const braid_config *cfg)
     BRAID_CHECK(braid__sock_listen(pg->ctx.bind_ip, 0, &s->listen_fd, &port));
     BRAID_CHECK(braid__sock_local_addr(s->listen_fd, &a));
     braid__sock_addr_format(&a, s->addr[pg->rank], sizeof(s->addr[pg->rank]));
+    /* Served from now on (on a duplicate: the server closes what it is
+     * given), so that probes can tell this member from a squatter. */
+    int fd = fcntl(s->listen_fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0)
+        return braid__error(BRAID_ERR_SYSTEM, "rank %d: shrink: dup of the shrink socket: %m", pg->rank);
+    /* Sized for every rank probing and registering at once; the size is
+     * not compared (callers state none). */
+    braid_job_params sized = {.size = (uint32_t)pg->size};
+    BRAID_CHECK(braid__store_server_start_job(fd, pg->ctx.secret, &sized, &s->server));
 
     char key[64];
     size_t len;
@@ -160,6 +176,12 @@ braid_status braid__shrink_prepare(braid_pg *pg, const braid_config *cfg)
             return braid__error(BRAID_ERR_PEER, "rank %d: rank %d published a malformed shrink address", pg->rank, p);
     }
     return BRAID_OK;
+}
+
+const char *braid__shrink_addr(const braid_pg *pg, int p)
+{
+    const struct braid_shrink *s = pg->shrink;
+    return s && p >= 0 && p < pg->size ? s->addr[p] : NULL;
 }
 
 void braid__shrink_release(braid_pg *pg)
@@ -249,24 +271,44 @@ static probe_result probe(const char *addr_text, int64_t deadline, int *fd, int 
 
 /* ---- step 1: find the coordinator ---------------------------------------- */
 
-/* Serve the temporary store on our shrink socket (a duplicate of it: the
- * server closes what it is given, and the socket must keep answering
- * probes) and connect to it like every other caller. */
+/* Connect to our own temporary store like every other caller. */
 static braid_status serve(braid_pg *pg, struct braid_shrink *s, int64_t deadline, braid_store **store)
 {
-    if (s->server) { /* an earlier shrink's: its decision is stale */
-        braid__store_server_stop(s->server);
-        s->server = NULL;
-    }
-    int fd = fcntl(s->listen_fd, F_DUPFD_CLOEXEC, 0);
-    if (fd < 0)
-        return braid__error(BRAID_ERR_SYSTEM, "rank %d: shrink: dup of the shrink socket: %m", pg->rank);
-    BRAID_CHECK(braid__store_server_start(fd, pg->ctx.secret, &s->server));
     int err, conn = -1;
     if (probe(s->addr[pg->rank], deadline, &conn, &err) != PROBE_LIVE)
         return braid__error(BRAID_ERR_SYSTEM, "rank %d: shrink: cannot connect to its own store at %s: %s", pg->rank,
                             s->addr[pg->rank], strerror(err));
     return braid__store_attach(conn, s->addr[pg->rank], pg->ctx.secret, pg->rank, braid__ms_until(deadline), store);
+}
+
+/* After a connect (PROBE_LIVE, fd): does the endpoint prove membership?
+ * PROBE_LIVE with the authenticated store in *store (closed when store is
+ * NULL); PROBE_DEAD when it cannot prove it (why in the error text);
+ * PROBE_UNKNOWN for a reset, to probe again; anything else is an error in
+ * *st (the deadline passed). Takes fd. */
+static probe_result prove_member(braid_pg *pg, struct braid_shrink *s, int c, int fd, int64_t deadline,
+                                 braid_store **store, braid_status *st)
+{
+    int left = braid__ms_until(deadline);
+    braid_store *got = NULL;
+    *st = braid__store_attach(fd, s->addr[c], pg->ctx.secret, pg->rank, left < PROBE_AUTH_MS ? left : PROBE_AUTH_MS,
+                              &got);
+    if (*st == BRAID_OK) {
+        if (store)
+            *store = got;
+        else
+            braid__store_close(got);
+        return PROBE_LIVE;
+    }
+    if (*st == BRAID_ERR_AUTH || *st == BRAID_ERR_MISMATCH || (*st == BRAID_ERR_TIMEOUT && left > PROBE_AUTH_MS)) {
+        char why[512];
+        last_cause(why, sizeof(why));
+        BRAID_WARN("rank %d: shrink: rank %d's shrink socket %s accepts but does not prove membership: not a live "
+                   "member (another process holds its port?): %s",
+                   pg->rank, c, s->addr[c], why);
+        return PROBE_DEAD;
+    }
+    return *st == BRAID_ERR_PEER ? PROBE_UNKNOWN : PROBE_LIVE;
 }
 
 /* Walk ranks upwards to the first live one and connect to its temporary
@@ -280,6 +322,7 @@ static braid_status join_coordinator(braid_pg *pg, struct braid_shrink *s, int64
             *coord = c;
             return serve(pg, s, deadline, store);
         }
+        int resets = 0;
         for (;;) {
             int fd = -1, err = 0;
             probe_result pr = probe(s->addr[c], deadline, &fd, &err);
@@ -299,16 +342,20 @@ static braid_status join_coordinator(braid_pg *pg, struct braid_shrink *s, int64
                 sleep_ms(RETRY_MS);
                 continue;
             }
-            /* Alive: wait for it to serve (it may still be failing its own
-             * collective). A reset means it died or stopped serving: the
-             * next probe tells which. */
-            braid_status st =
-                braid__store_attach(fd, s->addr[c], pg->ctx.secret, pg->rank, braid__ms_until(deadline), store);
-            if (st == BRAID_OK) {
+            /* Connected: a member proves the secret at once (its store runs
+             * from init). A reset means it died meanwhile, or a squatter
+             * closes on us: the next probe tells, up to PROBE_RESETS. */
+            braid_status st;
+            probe_result m = prove_member(pg, s, c, fd, deadline, store, &st);
+            if (m == PROBE_LIVE && st == BRAID_OK) {
                 *coord = c;
                 return BRAID_OK;
             }
-            if (st == BRAID_ERR_PEER && braid__now_ms() < deadline) {
+            if (m == PROBE_DEAD || (m == PROBE_UNKNOWN && ++resets >= PROBE_RESETS)) {
+                dead[c] = 1;
+                break;
+            }
+            if (m == PROBE_UNKNOWN && braid__now_ms() < deadline) {
                 sleep_ms(RETRY_MS);
                 continue;
             }
@@ -333,6 +380,17 @@ static void list_add(char *buf, size_t cap, int p)
         snprintf(buf + n, cap - n, " %d", p);
     else if (n + 5 < cap && strcmp(buf + n - 4, " ...") != 0)
         snprintf(buf + n, cap - n, " ...");
+}
+
+/* Has another rank published a decision for this call in its store? */
+static int already_decided(const struct braid_shrink *s, braid_store *other)
+{
+    char key[64];
+    uint8_t buf[RESULT_HEADER_BYTES];
+    size_t len;
+    shrink_key(key, sizeof(key), s, "result", -1);
+    braid_status st = braid__store_get(other, key, buf, sizeof(buf), &len, 0);
+    return st == BRAID_OK || st == BRAID_ERR_INVALID_ARG; /* present (INVALID_ARG: longer than the header) */
 }
 
 /* Wait for registrations until every rank has registered or is gone, or
@@ -372,13 +430,33 @@ static braid_status decide(braid_pg *pg, struct braid_shrink *s, braid_store *st
         for (int p = 0; p < pg->size && unknown > 0; p++) {
             if (state[p] != RANK_UNKNOWN || now < next_probe[p])
                 continue;
-            int err;
+            int err, fd = -1;
             int64_t limit = now + PROBE_CONNECT_MS < deadline ? now + PROBE_CONNECT_MS : deadline;
-            if (probe(s->addr[p], limit, NULL, &err) == PROBE_DEAD) {
+            probe_result pr = probe(s->addr[p], limit, &fd, &err);
+            if (pr == PROBE_LIVE) {
+                braid_status pst;
+                braid_store *other = NULL;
+                pr = prove_member(pg, s, p, fd, deadline, &other, &pst);
+                pr = pr == PROBE_DEAD ? PROBE_DEAD : PROBE_LIVE;
+                if (other && already_decided(s, other)) {
+                    /* This rank could not prove it was alive in time (it was
+                     * stopped?) and the others went on without it. */
+                    braid__store_close(other);
+                    st = braid__error(BRAID_ERR_TIMEOUT,
+                                      "rank %d: shrink: left out: rank %d already coordinates the shrunk group of this "
+                                      "call (this rank did not answer in time)",
+                                      pg->rank, p);
+                    goto out_free;
+                }
+                if (other)
+                    braid__store_close(other);
+            }
+            if (pr == PROBE_DEAD) {
                 state[p] = RANK_DEAD;
                 unknown--;
-                BRAID_INFO("rank %d: shrink: rank %d is gone (its shrink socket %s refuses connections)", pg->rank, p,
-                           s->addr[p]);
+                BRAID_INFO("rank %d: shrink: rank %d is gone (its shrink socket %s refuses connections or does not "
+                           "prove membership)",
+                           pg->rank, p, s->addr[p]);
             } else {
                 next_probe[p] = braid__now_ms() + PROBE_INTERVAL_MS;
             }
@@ -540,8 +618,7 @@ BRAID_API braid_status braid_pg_shrink(braid_pg *pg, int timeout_ms, braid_pg **
         if (coord == pg->rank)
             break;
         /* Register and wait for the decision. A reset means the coordinator
-         * died (or restarted its store for a newer call): walk again, which
-         * finds out which. */
+         * died: walk again, which finds out. */
         int64_t v;
         shrink_key(key, sizeof(key), s, "reg", pg->rank);
         st = braid__store_add(store, key, 1, &v);
@@ -629,7 +706,7 @@ BRAID_API braid_status braid_pg_shrink(braid_pg *pg, int timeout_ms, braid_pg **
 
 out:
     /* The coordinator's temporary store keeps serving until the old group
-     * is destroyed (or shrinks again), so that a latecomer still reads the
+     * is destroyed, so that a latecomer still reads the
      * decision and learns it was left out instead of waiting. */
     if (store)
         braid__store_close(store);

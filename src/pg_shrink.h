@@ -16,6 +16,10 @@ braid_status braid__shrink_prepare(braid_pg *pg, const braid_config *cfg);
  * destruction; safe on a group where it never ran). */
 void braid__shrink_release(braid_pg *pg);
 
+/* Rank p's shrink socket address ("ip:port"), NULL when unknown; for
+ * diagnostics and the tests that squat it. */
+const char *braid__shrink_addr(const braid_pg *pg, int p);
+
 /* Make a group from a rendezvous (pg.c): what braid_pg_init does after
  * decoding the unique id. */
 braid_status braid__pg_create(braid_pg **pg, int rank, int size, const braid_rendezvous *rv, const braid_config *cfg);

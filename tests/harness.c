@@ -289,3 +289,19 @@ int harness_until_failure(braid_pg *pg, void *arg)
     }
     HARNESS_FAIL("rank %d: no failure seen", rank);
 }
+
+int harness_wait_child(pid_t pid, int timeout_s)
+{
+    double deadline = now_s() + timeout_s;
+    for (;;) {
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid)
+            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        if (now_s() > deadline) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            return 124;
+        }
+        usleep(2000);
+    }
+}

@@ -73,4 +73,8 @@ int harness_until_failure(braid_pg *pg, void *arg);
         return 1;                                                                              \
     } while (0)
 
+/* Wait for a forked child up to timeout_s (then SIGKILL it): its exit
+ * status, 128 + the signal that ended it, or 124 on timeout. */
+int harness_wait_child(pid_t pid, int timeout_s);
+
 #endif

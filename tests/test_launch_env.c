@@ -52,7 +52,7 @@ static void set_launcher_env(launcher l, int rank, int master_port)
     static const char *const all[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_RANK",
                                       "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK", "PMI_SIZE",
                                       "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_ID",
-                                      "BRAID_JOB_SECRET", "BRAID_STORE_PORT", NULL};
+                                      "BRAID_JOB_SECRET", "BRAID_STORE_PORT", "BRAID_TIMEOUT_MS", NULL};
     for (const char *const *p = all; *p; p++)
         unsetenv(*p);
     setenv("MASTER_ADDR", "127.0.0.1", 1);
@@ -134,6 +134,64 @@ END_TEST
 START_TEST(test_slurm) { run_launcher(SLURM); }
 END_TEST
 
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* Rank `odd` is started with WORLD_SIZE 4, the others with 3. Every rank
+ * must fail init with BRAID_ERR_MISMATCH naming WORLD_SIZE and both
+ * values, long before the 60 s timeout. */
+static void run_size_mismatch(int odd)
+{
+    int port = free_port_pair();
+    pid_t pids[NRANKS];
+    double t0 = now_s();
+    for (int r = 0; r < NRANKS; r++) {
+        fflush(NULL);
+        pids[r] = fork();
+        ck_assert_int_ge(pids[r], 0);
+        if (pids[r] == 0) {
+            alarm(DEADLINE_S);
+            set_launcher_env(TORCHRUN, r, port);
+            if (r == odd)
+                set_int("WORLD_SIZE", NRANKS + 1);
+            setenv("BRAID_TIMEOUT_MS", "60000", 1);
+            braid_pg *pg;
+            braid_status st = braid_pg_init_env(&pg, NULL);
+            const char *e = braid_last_error();
+            char want_odd[64], want_rest[64];
+            snprintf(want_odd, sizeof(want_odd), "%d at rank %d", NRANKS + 1, odd);
+            snprintf(want_rest, sizeof(want_rest), "%d at rank ", NRANKS);
+            if (st == BRAID_OK) {
+                fprintf(stderr, "rank %d: init succeeded with mixed world sizes\n", r);
+                braid_pg_destroy(pg);
+                _exit(1);
+            }
+            if (st != BRAID_ERR_MISMATCH || !strstr(e, "WORLD_SIZE differs") || !strstr(e, want_odd) ||
+                !strstr(e, want_rest)) {
+                fprintf(stderr, "rank %d: got %s: %s\n", r, braid_status_string(st), e);
+                _exit(2);
+            }
+            _exit(0);
+        }
+    }
+    for (int r = 0; r < NRANKS; r++) {
+        int status;
+        ck_assert_int_eq(waitpid(pids[r], &status, 0), pids[r]);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "odd rank %d: rank %d: status %#x", odd, r,
+                      status);
+    }
+    /* Told at once, not by a timeout (rank 0's store lingers at most 5 s
+     * for a rank that never comes). */
+    ck_assert_double_lt(now_s() - t0, 15.0);
+}
+
+START_TEST(test_world_size_mismatch) { run_size_mismatch(_i == 0 ? NRANKS - 1 : 0); }
+END_TEST
+
 /* A local rank outside the job is the launcher's mistake, said clearly. */
 START_TEST(test_bad_local_rank)
 {
@@ -155,6 +213,7 @@ int main(void)
     tcase_add_test(tc, test_open_mpi);
     tcase_add_test(tc, test_slurm);
     tcase_add_test(tc, test_bad_local_rank);
+    tcase_add_loop_test(tc, test_world_size_mismatch, 0, 2);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

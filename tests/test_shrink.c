@@ -7,15 +7,20 @@
  * group, a latecomer left out, a stopped lowest rank (a bounded error, not
  * a hang), and two failures in a row. */
 #include <check.h>
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "bootstrap/sock.h"
 #include "harness.h"
+#include "pg_shrink.h"
 
 #define RANKS 4
 #define WEIGHTS 1000
@@ -387,6 +392,108 @@ START_TEST(test_stopped_rank0_times_out)
 }
 END_TEST
 
+/* ---- a squatted shrink port ------------------------------------------------ */
+
+/* Rank 0 dies; rank 1 starts a process that binds rank 0's freed shrink
+ * port before either survivor calls shrink: a silent listener (_i == 0)
+ * or one that accepts and hangs up (_i == 1). It cannot prove membership,
+ * so the survivors shrink to 2 anyway. */
+#define SQUAT_TIMEOUT_MS 15000
+
+typedef struct {
+    int mode;    /* 0 silent, 1 accept and close */
+    int ready;   /* 1: the squatter holds the port; -1: it could not bind */
+    char addr[BRAID_SOCK_ADDR_STR];
+} squat_state;
+
+static void squatter_main(squat_state *sq)
+{
+    braid_sockaddr a;
+    if (braid__sock_addr_parse(sq->addr, &a) != BRAID_OK)
+        _exit(2);
+    int fd = socket(a.ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    for (int i = 0; i < 500; i++) {
+        if (bind(fd, (struct sockaddr *)&a.ss, a.len) == 0 && listen(fd, 64) == 0) {
+            __atomic_store_n(&sq->ready, 1, __ATOMIC_SEQ_CST);
+            for (;;) {
+                if (sq->mode == 0) {
+                    pause();
+                } else {
+                    int c = accept(fd, NULL, NULL);
+                    if (c >= 0)
+                        close(c);
+                }
+            }
+        }
+        usleep(10000);
+    }
+    __atomic_store_n(&sq->ready, -1, __ATOMIC_SEQ_CST);
+    _exit(3);
+}
+
+static int squat_body(braid_pg *pg, void *arg)
+{
+    squat_state *sq = arg;
+    int me = braid_pg_rank(pg);
+    float x = 1;
+    if (braid_allreduce(pg, &x, &x, 1, BRAID_F32, BRAID_SUM, NULL, NULL) != BRAID_OK || x != 3)
+        HARNESS_FAIL("rank %d: first all-reduce: %s", me, braid_last_error());
+    if (me == 0)
+        raise(SIGKILL);
+    x = 1;
+    if (braid_allreduce(pg, &x, &x, 1, BRAID_F32, BRAID_SUM, NULL, NULL) == BRAID_OK)
+        HARNESS_FAIL("rank %d: all-reduce with rank 0 dead succeeded", me);
+    pid_t squatter = -1;
+    if (me == 1) {
+        snprintf(sq->addr, sizeof(sq->addr), "%s", braid__shrink_addr(pg, 0));
+        squatter = fork();
+        if (squatter == 0)
+            squatter_main(sq);
+        if (squatter < 0)
+            HARNESS_FAIL("rank 1: fork: %s", strerror(errno));
+    }
+    for (int i = 0; i < 1000 && __atomic_load_n(&sq->ready, __ATOMIC_SEQ_CST) == 0; i++)
+        usleep(10000);
+    if (__atomic_load_n(&sq->ready, __ATOMIC_SEQ_CST) != 1)
+        HARNESS_FAIL("rank %d: the squatter could not take rank 0's port %s", me, sq->addr);
+    braid_pg *np = NULL;
+    double t0 = now_s();
+    braid_status st = braid_pg_shrink(pg, -1, &np);
+    double took = now_s() - t0;
+    if (squatter > 0) {
+        kill(squatter, SIGKILL);
+        waitpid(squatter, NULL, 0);
+    }
+    if (st != BRAID_OK)
+        HARNESS_FAIL("rank %d: shrink past a squatter: %s: %s", me, braid_status_string(st), braid_last_error());
+    if (braid_pg_size(np) != 2 || braid_pg_rank(np) != me - 1)
+        HARNESS_FAIL("rank %d: got rank %d of %d, want %d of 2", me, braid_pg_rank(np), braid_pg_size(np), me - 1);
+    x = 1;
+    if (braid_allreduce(np, &x, &x, 1, BRAID_F32, BRAID_SUM, NULL, NULL) != BRAID_OK || x != 2)
+        HARNESS_FAIL("rank %d: all-reduce in the group of 2: %s", me, braid_last_error());
+    if (took > SQUAT_TIMEOUT_MS / 1000.0)
+        HARNESS_FAIL("rank %d: shrink took %.2f s", me, took);
+    braid_pg_destroy(np);
+    return 0;
+}
+
+START_TEST(test_squatted_port)
+{
+    squat_state *sq = mmap(NULL, sizeof(*sq), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    ck_assert(sq != MAP_FAILED);
+    memset(sq, 0, sizeof(*sq));
+    sq->mode = _i;
+    braid_config cfg = BRAID_CONFIG_INIT;
+    cfg.timeout_ms = SQUAT_TIMEOUT_MS;
+    harness_result res;
+    harness_run(3, squat_body, sq, &cfg, 60, &res);
+    ck_assert_msg(res.exit_code[1] == 0 && res.exit_code[2] == 0, "survivors exited %d, %d", res.exit_code[1],
+                  res.exit_code[2]);
+    munmap(sq, sizeof(*sq));
+}
+END_TEST
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -399,6 +506,7 @@ int main(void)
     tcase_add_test(tc, test_two_failures);
     tcase_add_test(tc, test_latecomer_left_out);
     tcase_add_test(tc, test_stopped_rank0_times_out);
+    tcase_add_loop_test(tc, test_squatted_port, 0, 2);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -71,6 +71,28 @@ void braid__hello_encode(const braid_hello *h, uint8_t out[BRAID_HELLO_BYTES])
     memcpy(out + 24, h->nonce, BRAID_NONCE_BYTES);
     put16(out + 40, h->sock_index);
     put16(out + 42, h->nsocks);
+    put32(out + 44, h->job.size);
+    out[48] = h->job.source;
+    out[49] = h->job.checksum;
+    put16(out + 50, 0);
+    put32(out + 52, h->job.secret_id);
+    /* Longer launcher ids are cut: the field names the job in messages,
+     * the secret binds the whole id. */
+    size_t n = strnlen(h->job.job_id, BRAID_JOB_ID_BYTES);
+    memset(out + 56, 0, BRAID_JOB_ID_BYTES);
+    memcpy(out + 56, h->job.job_id, n);
+}
+
+/* The job id field: printable ASCII, then only NULs. */
+static int job_id_valid(const uint8_t *p)
+{
+    size_t i = 0;
+    while (i < BRAID_JOB_ID_BYTES && p[i] >= 0x20 && p[i] < 0x7f)
+        i++;
+    for (; i < BRAID_JOB_ID_BYTES; i++)
+        if (p[i] != 0)
+            return 0;
+    return 1;
 }
 
 braid_status braid__hello_decode(const uint8_t *buf, size_t len, braid_hello *h)
@@ -89,6 +111,12 @@ braid_status braid__hello_decode(const uint8_t *buf, size_t len, braid_hello *h)
     memcpy(t.nonce, buf + 24, BRAID_NONCE_BYTES);
     t.sock_index = get16(buf + 40);
     t.nsocks = get16(buf + 42);
+    t.job.size = get32(buf + 44);
+    t.job.source = buf[48];
+    t.job.checksum = buf[49];
+    t.job.secret_id = get32(buf + 52);
+    memcpy(t.job.job_id, buf + 56, BRAID_JOB_ID_BYTES);
+    t.job.job_id[BRAID_JOB_ID_BYTES] = '\0';
     if (t.version != BRAID_WIRE_VERSION)
         return braid__error_quiet(BRAID_ERR_AUTH, "wire version %u, this build speaks %d", t.version,
                                   BRAID_WIRE_VERSION);
@@ -98,6 +126,9 @@ braid_status braid__hello_decode(const uint8_t *buf, size_t len, braid_hello *h)
         return braid__error_quiet(BRAID_ERR_AUTH, "unknown flags 0x%02x in hello", buf[7]);
     if (t.rank < 0 || t.target < -1)
         return braid__error_quiet(BRAID_ERR_AUTH, "rank %d / target %d out of range in hello", t.rank, t.target);
+    if (t.job.size > 0x7fffffffu || t.job.source > BRAID_SECRET_MAX || t.job.checksum > 1 || get16(buf + 50) != 0 ||
+        !job_id_valid(buf + 56))
+        return braid__error_quiet(BRAID_ERR_AUTH, "job parameters out of range in hello");
     *h = t;
     return BRAID_OK;
 }
@@ -160,9 +191,67 @@ const char *braid__auth_result_string(uint32_t result)
         return "rank out of range or wrong target rank";
     case BRAID_AUTH_REJECT_SOCKETS:
         return "invalid or inconsistent socket index/count";
+    case BRAID_AUTH_REJECT_PARAMS:
+        return "job parameters differ";
     default:
         return "unknown verdict";
     }
+}
+
+uint32_t braid__secret_id(const uint8_t secret[BRAID_SECRET_BYTES])
+{
+    static const char label[] = "braid-secret-id-v1";
+    uint8_t msg[sizeof(label) + BRAID_SECRET_BYTES], d[32];
+    memcpy(msg, label, sizeof(label));
+    memcpy(msg + sizeof(label), secret, BRAID_SECRET_BYTES);
+    unsigned int len = 0;
+    if (!EVP_Digest(msg, sizeof(msg), d, &len, EVP_sha256(), NULL))
+        return 0;
+    uint32_t id = get32(d);
+    OPENSSL_cleanse(msg, sizeof(msg));
+    return id ? id : 1; /* 0 would read as "unstated" in messages */
+}
+
+static const char *source_name(unsigned source)
+{
+    static const char *const names[] = {"unstated", "unique id", "BRAID_JOB_SECRET", "key file",
+                                        "public launch variables"};
+    return source <= BRAID_SECRET_MAX ? names[source] : "?";
+}
+
+int braid__job_params_diff(const braid_job_params *a, const char *a_name, const braid_job_params *b,
+                           const char *b_name, char *why, size_t cap, int *secret_bound)
+{
+    *secret_bound = 0;
+    if (a->size == 0 || b->size == 0)
+        return 0;
+    /* The secret-bound ones first: when they differ, so do the proofs. */
+    if (a->source != b->source) {
+        *secret_bound = 1;
+        snprintf(why, cap, "job secret source differs: %s at %s, %s at %s", source_name(a->source), a_name,
+                 source_name(b->source), b_name);
+    } else if (strcmp(a->job_id, b->job_id) != 0) {
+        *secret_bound = 1;
+        snprintf(why, cap, "launcher job id differs: '%s' at %s, '%s' at %s (another job?)", a->job_id, a_name,
+                 b->job_id, b_name);
+    } else if (a->secret_id != b->secret_id) {
+        *secret_bound = 1;
+        snprintf(why, cap, "job secret differs (id %08x at %s, %08x at %s): %s", (unsigned)a->secret_id, a_name,
+                 (unsigned)b->secret_id, b_name,
+                 a->source == BRAID_SECRET_ENV         ? "BRAID_JOB_SECRET differs"
+                 : a->source == BRAID_SECRET_UNIQUE_ID ? "the ranks got different unique ids"
+                 : a->source == BRAID_SECRET_KEY_FILE  ? "the hosts do not share the key file (BRAID_KEY_FILE)"
+                                                       : "MASTER_ADDR or the port differs");
+    } else if (a->size != b->size) {
+        snprintf(why, cap, "WORLD_SIZE differs: %u at %s, %u at %s", (unsigned)a->size, a_name, (unsigned)b->size,
+                 b_name);
+    } else if (a->checksum != b->checksum) {
+        snprintf(why, cap, "BRAID_CHECKSUM differs: %s at %s, %s at %s", a->checksum ? "on" : "off", a_name,
+                 b->checksum ? "on" : "off", b_name);
+    } else {
+        return 0;
+    }
+    return 1;
 }
 
 static const char *role_name(unsigned role)
@@ -177,8 +266,8 @@ braid_status braid__auth_initiate(int fd, const uint8_t secret[BRAID_SECRET_BYTE
                                   uint8_t peer_role, int64_t deadline_ms, const char *what, braid_hello *peer,
                                   uint32_t *result)
 {
-    uint8_t raw_i[BRAID_HELLO_BYTES], in[BRAID_HELLO_BYTES + BRAID_MAC_BYTES], mac[BRAID_MAC_BYTES];
-    uint8_t res[BRAID_RESULT_BYTES];
+    uint8_t raw_i[BRAID_HELLO_BYTES], raw_a[BRAID_HELLO_BYTES], mac[BRAID_MAC_BYTES];
+    uint8_t in[BRAID_MAC_BYTES + BRAID_RESULT_BYTES];
     char reason[256];
     braid_hello h;
 
@@ -186,27 +275,44 @@ braid_status braid__auth_initiate(int fd, const uint8_t secret[BRAID_SECRET_BYTE
     BRAID_CHECK(braid__random_bytes(self->nonce, sizeof(self->nonce)));
     braid__hello_encode(self, raw_i);
     BRAID_CHECK(braid__sock_write_full(fd, raw_i, sizeof(raw_i), deadline_ms, what));
-    BRAID_CHECK(braid__sock_read_full(fd, in, sizeof(in), deadline_ms, what));
-    if (braid__hello_decode(in, BRAID_HELLO_BYTES, &h) != BRAID_OK) {
+    BRAID_CHECK(braid__sock_read_full(fd, raw_a, sizeof(raw_a), deadline_ms, what));
+    if (braid__hello_decode(raw_a, BRAID_HELLO_BYTES, &h) != BRAID_OK) {
         snprintf(reason, sizeof(reason), "%s", braid_last_error());
         return braid__error(BRAID_ERR_AUTH, "%s: not a braid peer, dropped: %s", what, reason);
     }
     if (h.role != peer_role)
         return braid__error(BRAID_ERR_AUTH, "%s: peer answered as a %s, expected a %s", what, role_name(h.role),
                             role_name(peer_role));
-    if (braid__auth_mac_check(secret, peer_role, raw_i, in, in + BRAID_HELLO_BYTES) != BRAID_OK)
-        return braid__error(BRAID_ERR_AUTH,
-                            "%s: peer failed authentication: wrong proof of the job secret "
-                            "(another job, or a different unique id / BRAID_JOB_SECRET?)",
-                            what);
-    BRAID_CHECK(braid__auth_mac(secret, self->role, raw_i, in, mac));
+    /* Unproven, but a peer with another secret could refuse us anyway: a
+     * parameter the secret derives from that differs ends it here, named.
+     * The others are checked by the acceptor once we have proven the secret,
+     * so every member hears of them. */
+    int bound;
+    char me[32], them[32];
+    snprintf(me, sizeof(me), "rank %d (here)", self->rank);
+    snprintf(them, sizeof(them), "rank %d", h.rank);
+    if (braid__job_params_diff(&self->job, me, &h.job, them, reason, sizeof(reason), &bound) && bound)
+        return braid__error(BRAID_ERR_MISMATCH, "%s: %s", what, reason);
+    BRAID_CHECK(braid__auth_mac(secret, self->role, raw_i, raw_a, mac));
     braid_status st = braid__sock_write_full(fd, mac, sizeof(mac), deadline_ms, what);
     OPENSSL_cleanse(mac, sizeof(mac));
     if (st != BRAID_OK)
         return st;
-    BRAID_CHECK(braid__sock_read_full(fd, res, sizeof(res), deadline_ms, what));
+    st = braid__sock_read_full(fd, in, sizeof(in), deadline_ms, what);
+    if (st == BRAID_ERR_PEER)
+        return braid__error(BRAID_ERR_AUTH,
+                            "%s: peer closed the connection after our proof: it did not accept our proof of the job "
+                            "secret (another job, or a different unique id / BRAID_JOB_SECRET / key file?)",
+                            what);
+    if (st != BRAID_OK)
+        return st;
+    if (braid__auth_mac_check(secret, peer_role, raw_i, raw_a, in) != BRAID_OK)
+        return braid__error(BRAID_ERR_AUTH,
+                            "%s: peer failed authentication: wrong proof of the job secret "
+                            "(another job, or a different unique id / BRAID_JOB_SECRET / key file?)",
+                            what);
     uint32_t r;
-    if (braid__auth_result_decode(res, sizeof(res), &r) != BRAID_OK) {
+    if (braid__auth_result_decode(in + BRAID_MAC_BYTES, BRAID_RESULT_BYTES, &r) != BRAID_OK) {
         snprintf(reason, sizeof(reason), "%s", braid_last_error());
         return braid__error(BRAID_ERR_AUTH, "%s: %s", what, reason);
     }
@@ -252,9 +358,12 @@ void braid__auth_accept_finish(braid_auth_accept *hs, uint32_t result)
     if (hs->state != BRAID_AUTH_VERIFIED)
         return;
     hs->result = result;
-    braid__auth_result_encode(result, hs->buf);
+    /* Our own proof only now, to an initiator that has proven the secret. */
+    if (braid__auth_mac(hs->secret, hs->self_role, hs->raw_i, hs->raw_a, hs->buf) != BRAID_OK)
+        hs->mac_failed = 1; /* reported by the next step */
+    braid__auth_result_encode(result, hs->buf + BRAID_MAC_BYTES);
     hs->pos = 0;
-    hs->len = BRAID_RESULT_BYTES;
+    hs->len = BRAID_MAC_BYTES + BRAID_RESULT_BYTES;
     hs->state = BRAID_AUTH_SEND_RESULT;
 }
 
@@ -317,9 +426,8 @@ braid_status braid__auth_accept_step(braid_auth_accept *hs, int fd)
                 return braid__error_quiet(BRAID_ERR_AUTH, "hello from a %s, expected a %s", role_name(hs->peer.role),
                                           role_name(hs->peer_role));
             memcpy(hs->buf, hs->raw_a, BRAID_HELLO_BYTES);
-            BRAID_CHECK(braid__auth_mac(hs->secret, hs->self_role, hs->raw_i, hs->raw_a, hs->buf + BRAID_HELLO_BYTES));
             hs->pos = 0;
-            hs->len = BRAID_HELLO_BYTES + BRAID_MAC_BYTES;
+            hs->len = BRAID_HELLO_BYTES;
             hs->state = BRAID_AUTH_SEND_HELLO;
             break;
         case BRAID_AUTH_SEND_HELLO:
@@ -334,14 +442,18 @@ braid_status braid__auth_accept_step(braid_auth_accept *hs, int fd)
             BRAID_CHECK(recv_some(hs, fd, &complete));
             if (!complete)
                 return BRAID_OK;
-            if (braid__auth_mac_check(hs->secret, hs->peer_role, hs->raw_i, hs->raw_a, hs->buf) != BRAID_OK)
+            if (braid__auth_mac_check(hs->secret, hs->peer_role, hs->raw_i, hs->raw_a, hs->buf) != BRAID_OK) {
+                hs->bad_proof = 1;
                 return braid__error_quiet(BRAID_ERR_AUTH,
                                           "failed authentication: wrong proof of the job secret "
                                           "(rank %d of another job, or a different secret?)",
                                           hs->peer.rank);
+            }
             hs->state = BRAID_AUTH_VERIFIED;
             return BRAID_OK;
         case BRAID_AUTH_SEND_RESULT:
+            if (hs->mac_failed)
+                return braid__error_quiet(BRAID_ERR_SYSTEM, "HMAC-SHA256 failed in libcrypto");
             BRAID_CHECK(send_some(hs, fd, &complete));
             if (!complete)
                 return BRAID_OK;

@@ -1,18 +1,27 @@
 /* Job-secret handshake: every braid connection (store or transport) starts
- * with a mutual challenge-response over HMAC-SHA256 keyed by the job
- * secret, so strays, stale jobs and garbage are dropped before any request
- * or data is trusted.
+ * with a challenge-response over HMAC-SHA256 keyed by the job secret, so
+ * strays, stale jobs and garbage are dropped before any request or data is
+ * trusted.
  *
  *   initiator -> acceptor   hello_i                       (BRAID_HELLO_BYTES)
- *   acceptor  -> initiator  hello_a, mac_a                (+ BRAID_MAC_BYTES)
- *   initiator -> acceptor   mac_i
- *   acceptor  -> initiator  result                        (BRAID_RESULT_BYTES)
+ *   acceptor  -> initiator  hello_a                       (BRAID_HELLO_BYTES)
+ *   initiator -> acceptor   mac_i                         (BRAID_MAC_BYTES)
+ *   acceptor  -> initiator  mac_a, result                 (+ BRAID_RESULT_BYTES)
  *
  * mac_x = HMAC(secret, label | role of x | hello_i | hello_a): each side
  * proves the secret over both fresh nonces, bound to its own role, so a
- * reply can neither be replayed nor reflected. The initiator checks mac_a
- * before it reveals mac_i. The result tells an authenticated initiator
- * whether the acceptor kept it (a duplicate, a wrong group tag...).
+ * reply can neither be replayed nor reflected. The side that connects
+ * proves first, and the acceptor proves only to an initiator whose proof
+ * it has checked: a stranger who connects learns nothing it could test
+ * guesses of the secret against offline. A wrong proof costs the prover
+ * the connection (acceptors add a growing delay per source, admit.h).
+ * The result tells an authenticated initiator whether the acceptor kept it
+ * (a duplicate, a wrong group tag, job parameters that differ...).
+ *
+ * Both hellos state the job's parameters (world size, secret source,
+ * launcher job id, checksum setting), so ranks that were started alike
+ * in all but one of them are told which one, with both values, instead of
+ * "wrong proof" (braid__job_params_diff).
  *
  * Message encode/decode are pure functions over byte buffers, with every
  * length and range checked, so fuzz targets can drive them directly. */
@@ -26,10 +35,11 @@
 #include "braid_transport.h"
 
 #define BRAID_HELLO_MAGIC "BRD1"
-#define BRAID_HELLO_BYTES 44
+#define BRAID_HELLO_BYTES 88
 #define BRAID_MAC_BYTES 32
 #define BRAID_NONCE_BYTES 16
 #define BRAID_RESULT_BYTES 4
+#define BRAID_JOB_ID_BYTES 32
 
 /* Who sends a hello. A connection pairs an initiator with its acceptor. */
 typedef enum {
@@ -47,14 +57,39 @@ typedef enum {
     BRAID_AUTH_REJECT_GROUP = 2,     /* pg_tag differs: another group */
     BRAID_AUTH_REJECT_RANK = 3,      /* rank out of range or not the listener's rank */
     BRAID_AUTH_REJECT_SOCKETS = 4,   /* socket index / count invalid or inconsistent */
-    BRAID_AUTH_REJECT_MAX = BRAID_AUTH_REJECT_SOCKETS
+    BRAID_AUTH_REJECT_PARAMS = 5,    /* job parameters differ (world size, checksum...) */
+    BRAID_AUTH_REJECT_MAX = BRAID_AUTH_REJECT_PARAMS
 } braid_auth_result;
 
-/* Hello message. Wire layout (big endian, 44 bytes):
+/* Where a job secret came from. Ranks that disagree have different secrets,
+ * so the hellos say it in clear to name the cause. */
+typedef enum {
+    BRAID_SECRET_UNSTATED = 0, /* transports: parameters not compared */
+    BRAID_SECRET_UNIQUE_ID = 1,  /* random, from braid_unique_id */
+    BRAID_SECRET_ENV = 2,        /* BRAID_JOB_SECRET */
+    BRAID_SECRET_KEY_FILE = 3,   /* the user's key file and the launch variables */
+    BRAID_SECRET_PUBLIC = 4,     /* launch variables only: anyone can compute it */
+    BRAID_SECRET_MAX = BRAID_SECRET_PUBLIC
+} braid_secret_source;
+
+/* Parameters every member of a job must agree on. size 0: not stated (the
+ * transports' hellos), and then nothing is compared. */
+typedef struct {
+    uint32_t size;                       /* world size */
+    uint8_t source;                      /* braid_secret_source */
+    uint8_t checksum;                    /* BRAID_CHECKSUM on (1) or off (0) */
+    uint32_t secret_id;                  /* braid__secret_id(): tells secrets apart, reveals none */
+    char job_id[BRAID_JOB_ID_BYTES + 1]; /* launcher's job id, printable, "" when none */
+} braid_job_params;
+
+/* Hello message. Wire layout (big endian, 88 bytes):
  *   0 magic "BRD1" | 4 version u16 | 6 role u8 | 7 flags u8 (0)
  *   8 rank i32 | 12 target rank i32 (-1: any) | 16 pg_tag u64
  *  24 nonce[16] | 40 socket index u16 | 42 socket count u16
- * The last two are transport fields (TCP striping); the store sends 0, 0. */
+ *  44 world size u32 | 48 secret source u8 | 49 checksum u8 | 50 zero u16
+ *  52 secret id u32 | 56 job id[32] (printable ASCII, NUL padded)
+ * Socket index and count are transport fields (TCP striping); the store
+ * sends 0, 0. The job parameters are all zero where not stated. */
 typedef struct {
     uint16_t version;
     uint8_t role;
@@ -64,7 +99,22 @@ typedef struct {
     uint8_t nonce[BRAID_NONCE_BYTES];
     uint16_t sock_index;
     uint16_t nsocks;
+    braid_job_params job;
 } braid_hello;
+
+/* 32 bits of SHA-256 over a label and the secret: ranks with different
+ * secrets see that they differ, before any proof. A random or per-user
+ * secret keeps 96 unknown bits; a public one was computable anyway. */
+uint32_t braid__secret_id(const uint8_t secret[BRAID_SECRET_BYTES]);
+
+/* Compare the parameters of two processes, a and b named for messages
+ * ("rank 2", "rank 0 (the store)"). 0 when they agree or either states
+ * none; otherwise 1 with "WORLD_SIZE differs: 3 at rank 2, 4 at rank 0" in
+ * why. *secret_bound is set when the parameter that differs is one the
+ * secret derives from (secret source, job id, the secret itself): then no
+ * proof can succeed, and only the side that sees the hello learns why. */
+int braid__job_params_diff(const braid_job_params *a, const char *a_name, const braid_job_params *b,
+                           const char *b_name, char *why, size_t cap, int *secret_bound);
 
 /* Cryptographically random bytes (RAND_bytes): nonces, secrets, tags. */
 braid_status braid__random_bytes(void *buf, size_t len);
@@ -94,8 +144,11 @@ const char *braid__auth_result_string(uint32_t result);
 
 /* ---- initiator: blocking, with a deadline ---------------------------------
  * Runs the whole exchange on fd. self->nonce is drawn here. Checks the
- * acceptor's hello (magic, version, role == peer_role) and proof; writes
- * the acceptor's hello and verdict. The caller checks the hello's rank
+ * acceptor's hello (magic, version, role == peer_role, job parameters) and,
+ * after sending its own proof, the acceptor's; writes the acceptor's hello
+ * and verdict. Parameters that the secret derives from and that differ
+ * fail at once with BRAID_ERR_MISMATCH; others are left to the acceptor,
+ * which checks them after the proof and answers BRAID_AUTH_REJECT_PARAMS. The caller checks the hello's rank
  * and tag and turns a rejecting verdict into its own error.
  * `what` names the connection in errors ("rank 1: peer 2 (10.0.0.2:4000)"). */
 braid_status braid__auth_initiate(int fd, const uint8_t secret[BRAID_SECRET_BYTES], braid_hello *self,
@@ -113,7 +166,7 @@ braid_status braid__auth_initiate(int fd, const uint8_t secret[BRAID_SECRET_BYTE
  * peer's address. */
 typedef enum {
     BRAID_AUTH_RECV_HELLO = 0,
-    BRAID_AUTH_SEND_HELLO,
+    BRAID_AUTH_SEND_HELLO, /* hello_a only: the acceptor's proof waits for the initiator's */
     BRAID_AUTH_RECV_MAC,
     BRAID_AUTH_VERIFIED,
     BRAID_AUTH_SEND_RESULT,
@@ -130,6 +183,8 @@ typedef struct {
     uint8_t buf[BRAID_HELLO_BYTES + BRAID_MAC_BYTES];
     size_t pos, len; /* progress through buf */
     size_t bytes_in; /* received in total: 0 means a bare connect */
+    int bad_proof;   /* the error was a wrong proof (not garbage or a close) */
+    int mac_failed;  /* libcrypto failed to make our proof */
     uint32_t result;
     braid_hello peer; /* valid from BRAID_AUTH_SEND_HELLO on */
 } braid_auth_accept;

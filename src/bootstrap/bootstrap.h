@@ -3,6 +3,7 @@
 #ifndef BRAID_BOOTSTRAP_H
 #define BRAID_BOOTSTRAP_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "braid.h"
@@ -13,6 +14,8 @@ typedef struct {
     int port;
     uint8_t secret[BRAID_SECRET_BYTES];
     int local_rank;                       /* the launcher's, -1 when it set none */
+    uint8_t secret_source;                /* braid_secret_source (auth.h) */
+    char job_id[33];                      /* launcher's job id as hellos show it, "" when none */
 } braid_rendezvous;
 
 /* Decode and validate a unique id. */
@@ -20,6 +23,16 @@ braid_status braid__unique_id_decode(const braid_unique_id_t *id, braid_rendezvo
 
 /* Rank, size and rendezvous from torchrun / Open MPI / Slurm variables. */
 braid_status braid__env_rendezvous(int *rank, int *size, braid_rendezvous *rv);
+
+/* The job secret for the launcher environment (job_secret.c): sets
+ * rv->secret, secret_source and job_id; host and port must be set. Warns
+ * once when the secret derives from public values only. */
+braid_status braid__job_secret_env(int rank, braid_rendezvous *rv);
+/* BRAID_KEY_FILE, or ~/.config/braid/job.key. */
+braid_status braid__key_file_path(char *path, size_t cap);
+/* Read the 32-byte key at path, making it (mode 0600) when missing; refuses
+ * a file that is a link, not ours, or readable by others. */
+braid_status braid__key_load(const char *path, uint8_t key[32]);
 
 /* The listening socket braid_unique_id() bound for port, if this process
  * (or its parent, before fork) made it; -1 otherwise. The caller owns it.

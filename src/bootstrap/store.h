@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "auth.h"
 #include "braid.h"
 #include "braid_transport.h"
 
@@ -17,6 +18,11 @@ typedef struct braid_store braid_store;
  * a background thread until stopped. */
 braid_status braid__store_server_start(int listen_fd, const uint8_t secret[BRAID_SECRET_BYTES],
                                        braid_store_server **server);
+/* Same, for a job with these parameters (auth.h): a member whose own differ
+ * is refused, and the store fails every member's requests with the reason,
+ * so all of them stop at once instead of waiting for the odd one. */
+braid_status braid__store_server_start_job(int listen_fd, const uint8_t secret[BRAID_SECRET_BYTES],
+                                           const braid_job_params *job, braid_store_server **server);
 void braid__store_server_stop(braid_store_server *server);
 /* Stop once every client has disconnected, or after grace_ms: a rank that
  * finished init early must not take the store away from one still reading
@@ -26,6 +32,13 @@ void braid__store_server_stop_drained(braid_store_server *server, int grace_ms);
 /* Connect to host:port, retrying until timeout_ms (rank 0 may start last). */
 braid_status braid__store_connect(const char *host, int port, const uint8_t secret[BRAID_SECRET_BYTES],
                                   int rank, int timeout_ms, braid_store **store);
+/* Same, stating this rank's job parameters (NULL: none). A store that
+ * refuses them, or fails the job later, gives BRAID_ERR_MISMATCH naming
+ * the parameter and both values. */
+braid_status braid__store_connect_job(const char *host, int port, const uint8_t secret[BRAID_SECRET_BYTES],
+                                      const braid_job_params *job, int rank, int timeout_ms, braid_store **store);
+braid_status braid__store_attach_job(int fd, const char *addr, const uint8_t secret[BRAID_SECRET_BYTES],
+                                     const braid_job_params *job, int rank, int timeout_ms, braid_store **store);
 /* Same over fd, already connected to the server at addr (text for
  * messages): authenticates only. The store takes fd, also on failure. */
 braid_status braid__store_attach(int fd, const char *addr, const uint8_t secret[BRAID_SECRET_BYTES], int rank,

@@ -16,6 +16,8 @@
 
 /* Extra time a GET waits for the server's own timeout answer. */
 #define GET_REPLY_MARGIN_MS 5000
+/* Longest reason a FAILED reply may carry. */
+#define FAILED_TEXT_MAX 1024
 
 struct braid_store {
     int fd;
@@ -29,15 +31,25 @@ struct braid_store {
 
 /* Authenticate over the connected fd and wrap it; takes fd, also on
  * failure. s->addr / s->what are already set. */
-static braid_status store_handshake(braid_store *s, const uint8_t secret[BRAID_SECRET_BYTES], int64_t deadline,
-                                    braid_store **store)
+static braid_status store_handshake(braid_store *s, const uint8_t secret[BRAID_SECRET_BYTES],
+                                    const braid_job_params *job, int64_t deadline, braid_store **store)
 {
     braid_status st;
     braid_hello self = {.role = BRAID_ROLE_STORE_CLIENT, .rank = s->rank, .target = 0}, peer;
+    if (job)
+        self.job = *job;
     uint32_t result;
     BRAID_CHECK_GOTO(
         braid__auth_initiate(s->fd, secret, &self, BRAID_ROLE_STORE_SERVER, deadline, s->what, &peer, &result), st,
         err_close);
+    char why[384], me[32];
+    int bound;
+    snprintf(me, sizeof(me), "rank %d (here)", s->rank);
+    if (result == BRAID_AUTH_REJECT_PARAMS &&
+        braid__job_params_diff(&self.job, me, &peer.job, "rank 0 (the store)", why, sizeof(why), &bound)) {
+        st = braid__error(BRAID_ERR_MISMATCH, "%s: refused: %s", s->what, why);
+        goto err_close;
+    }
     if (result != BRAID_AUTH_ACCEPTED) {
         st = braid__error(BRAID_ERR_AUTH, "%s: rejected: %s", s->what, braid__auth_result_string(result));
         goto err_close;
@@ -59,6 +71,12 @@ err_close:
 braid_status braid__store_connect(const char *host, int port, const uint8_t secret[BRAID_SECRET_BYTES], int rank,
                                   int timeout_ms, braid_store **store)
 {
+    return braid__store_connect_job(host, port, secret, NULL, rank, timeout_ms, store);
+}
+
+braid_status braid__store_connect_job(const char *host, int port, const uint8_t secret[BRAID_SECRET_BYTES],
+                                      const braid_job_params *job, int rank, int timeout_ms, braid_store **store)
+{
     braid_status st;
     braid_sockaddr addr;
     int64_t deadline = braid__now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
@@ -72,7 +90,7 @@ braid_status braid__store_connect(const char *host, int port, const uint8_t secr
     braid__sock_addr_format(&addr, s->addr, sizeof(s->addr));
     snprintf(s->what, sizeof(s->what), "rank %d: store at %s", rank, s->addr);
     BRAID_CHECK_GOTO(braid__sock_connect(&addr, deadline, s->what, &s->fd), st, err_free);
-    return store_handshake(s, secret, deadline, store);
+    return store_handshake(s, secret, job, deadline, store);
 
 err_free:
     free(s);
@@ -81,6 +99,12 @@ err_free:
 
 braid_status braid__store_attach(int fd, const char *addr, const uint8_t secret[BRAID_SECRET_BYTES], int rank,
                                  int timeout_ms, braid_store **store)
+{
+    return braid__store_attach_job(fd, addr, secret, NULL, rank, timeout_ms, store);
+}
+
+braid_status braid__store_attach_job(int fd, const char *addr, const uint8_t secret[BRAID_SECRET_BYTES],
+                                     const braid_job_params *job, int rank, int timeout_ms, braid_store **store)
 {
     braid_store *s = calloc(1, sizeof(*s));
     if (!s) {
@@ -92,7 +116,7 @@ braid_status braid__store_attach(int fd, const char *addr, const uint8_t secret[
     s->timeout_ms = timeout_ms;
     snprintf(s->addr, sizeof(s->addr), "%s", addr);
     snprintf(s->what, sizeof(s->what), "rank %d: store at %s", rank, s->addr);
-    return store_handshake(s, secret, braid__now_ms() + (timeout_ms > 0 ? timeout_ms : 0), store);
+    return store_handshake(s, secret, job, braid__now_ms() + (timeout_ms > 0 ? timeout_ms : 0), store);
 }
 
 void braid__store_close(braid_store *s)
@@ -139,6 +163,21 @@ static braid_status exchange(braid_store *s, const braid_store_req *req, const c
         char why[256];
         snprintf(why, sizeof(why), "%s", braid_last_error());
         st = braid__error(BRAID_ERR_PEER, "%s: %s", s->what, why);
+        goto err_broken;
+    }
+    if (reply->code == BRAID_STORE_REPLY_FAILED) {
+        char why[FAILED_TEXT_MAX + 1];
+        size_t n = reply->value_len;
+        if (n > FAILED_TEXT_MAX) {
+            st = braid__error(BRAID_ERR_PEER, "%s: failure text of %zu bytes", s->what, n);
+            goto err_broken;
+        }
+        BRAID_CHECK_GOTO(braid__sock_read_full(s->fd, why, n, deadline, s->what), st, err_broken);
+        why[n] = '\0';
+        for (size_t i = 0; i < n; i++)
+            if ((unsigned char)why[i] < 0x20 || (unsigned char)why[i] >= 0x7f)
+                why[i] = '?';
+        st = braid__error(BRAID_ERR_MISMATCH, "%s: the job cannot start: %s", s->what, why);
         goto err_broken;
     }
     return BRAID_OK;

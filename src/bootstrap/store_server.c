@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "admit.h"
 #include "auth.h"
 #include "log.h"
 #include "sock.h"
@@ -23,8 +24,10 @@
 #define ACCEPT_PAUSE_MS 100 /* after EMFILE: let fds free up instead of spinning */
 #define INITIAL_BUCKETS 64
 #define DRAIN_POLL_MS 10    /* while stopping: how often the client count is checked */
+#define FAILED_DRAIN_MS 5000 /* a failed job's store stays until every rank was told, or this long */
 
-typedef enum { CL_HANDSHAKE, CL_HEADER, CL_BODY, CL_PARKED, CL_REPLY, CL_DEAD } client_state;
+/* CL_DELAY: a wrong proof, held silently until its deadline, then closed. */
+typedef enum { CL_HANDSHAKE, CL_HEADER, CL_BODY, CL_PARKED, CL_REPLY, CL_DELAY, CL_DEAD } client_state;
 
 typedef struct client {
     int fd;
@@ -32,6 +35,8 @@ typedef struct client {
     int rank;         /* -1 until authenticated */
     int64_t deadline; /* handshake, or parked GET (-1: none) */
     char addr[BRAID_SOCK_ADDR_STR];
+    char host[BRAID_SOCK_ADDR_STR]; /* addr without the port: the admission source */
+    int unproven;                   /* counted in the server's admission table */
     braid_auth_accept hs;
     uint8_t hdr[BRAID_STORE_REQ_BYTES];
     size_t hdr_pos;
@@ -64,8 +69,23 @@ struct braid_store_server {
     client **pclients;
     size_t pcap;
     int64_t accept_resume; /* listen fd ignored until then */
-    int drain_ms;          /* on stop: serve connected clients this long */
+    int drain_ms;          /* on stop: serve connected members this long */
+    braid_admit admit;
+    braid_job_params job; /* size 0: parameters not checked */
+    char failed[512];     /* why the job cannot start; "" while it can */
+    uint8_t *told;        /* [job.size]: ranks that got the reason */
+    uint32_t ntold;
+    uint32_t expect;      /* ranks to tell: the smallest world size any member stated */
 };
+
+/* A rank has been given the reason the job failed. */
+static void mark_told(braid_store_server *s, int rank)
+{
+    if (s->told && rank >= 0 && (uint32_t)rank < s->job.size && !s->told[rank]) {
+        s->told[rank] = 1;
+        s->ntold++;
+    }
+}
 
 /* ---- key-value table --------------------------------------------------- */
 
@@ -231,6 +251,11 @@ static void handle_request(braid_store_server *s, client *c)
 {
     const uint8_t *key = c->body, *value = c->body + c->req.key_len;
     size_t key_len = c->req.key_len;
+    if (s->failed[0]) {
+        mark_told(s, c->rank);
+        client_reply(c, BRAID_STORE_REPLY_FAILED, (const uint8_t *)s->failed, strlen(s->failed));
+        return;
+    }
     entry *e = kv_find(s, key, key_len);
     switch (c->req.op) {
     case BRAID_STORE_SET:
@@ -298,22 +323,76 @@ static int client_recv(client *c, uint8_t *buf, size_t *pos, size_t len)
     return 1;
 }
 
-static void step_handshake(client *c)
+/* Members that cannot form one job: every waiting and later request is
+ * answered with the reason, so each member stops at once. */
+static void fail_job(braid_store_server *s, const char *why)
+{
+    if (s->failed[0])
+        return;
+    snprintf(s->failed, sizeof(s->failed), "%s", why);
+    BRAID_WARN("store: the job cannot start: %s", why);
+    for (client *c = s->clients; c; c = c->next) {
+        if (c->state == CL_PARKED) {
+            mark_told(s, c->rank);
+            client_reply(c, BRAID_STORE_REPLY_FAILED, (const uint8_t *)s->failed, strlen(s->failed));
+        }
+    }
+}
+
+/* The connection no longer counts as unproven for admission. */
+static void client_proven(braid_store_server *s, client *c)
+{
+    if (c->unproven)
+        braid__admit_leave(&s->admit, c->host);
+    c->unproven = 0;
+}
+
+/* The verdict on a client that has proven the secret: its parameters. */
+static uint32_t judge(braid_store_server *s, client *c)
+{
+    char why[384], name[32];
+    int bound;
+    snprintf(name, sizeof(name), "rank %d", c->hs.peer.rank);
+    if (c->hs.peer.job.size > 0 && c->hs.peer.job.size < s->expect)
+        s->expect = c->hs.peer.job.size;
+    if (!braid__job_params_diff(&c->hs.peer.job, name, &s->job, "rank 0 (the store)", why, sizeof(why), &bound))
+        return BRAID_AUTH_ACCEPTED;
+    char text[448];
+    snprintf(text, sizeof(text), "job parameters differ: %s", why);
+    fail_job(s, text);
+    mark_told(s, c->hs.peer.rank); /* the refusal names the parameter: it learns from its own hello */
+    return BRAID_AUTH_REJECT_PARAMS;
+}
+
+static void step_handshake(braid_store_server *s, client *c)
 {
     if (braid__auth_accept_step(&c->hs, c->fd) != BRAID_OK) {
+        if (c->hs.bad_proof) {
+            /* Hold the connection, silent, before the close. */
+            int delay = braid__admit_fail(&s->admit, c->host, braid__now_ms());
+            BRAID_WARN("store: connection from %s: %s; closing it in %d ms", c->addr, braid_last_error(), delay);
+            c->state = CL_DELAY;
+            c->deadline = braid__now_ms() + delay;
+            return;
+        }
         /* A bare connect-and-close is a port scan or a health check. */
         int quiet = c->hs.bytes_in == 0 && c->hs.state == BRAID_AUTH_RECV_HELLO;
         client_drop(c, quiet ? BRAID_LOG_INFO : BRAID_LOG_WARN, braid_last_error());
         return;
     }
     if (c->hs.state == BRAID_AUTH_VERIFIED) {
-        braid__auth_accept_finish(&c->hs, BRAID_AUTH_ACCEPTED);
+        client_proven(s, c);
+        braid__auth_accept_finish(&c->hs, judge(s, c));
         if (braid__auth_accept_step(&c->hs, c->fd) != BRAID_OK) {
             client_drop(c, BRAID_LOG_WARN, braid_last_error());
             return;
         }
     }
     if (c->hs.state == BRAID_AUTH_DONE) {
+        if (c->hs.result != BRAID_AUTH_ACCEPTED) {
+            client_drop(c, BRAID_LOG_INFO, braid__auth_result_string(c->hs.result));
+            return;
+        }
         c->rank = c->hs.peer.rank;
         c->deadline = -1;
         c->state = CL_HEADER;
@@ -327,7 +406,7 @@ static void step_client(braid_store_server *s, client *c, short revents)
     int r;
     switch (c->state) {
     case CL_HANDSHAKE:
-        step_handshake(c);
+        step_handshake(s, c);
         if (c->state != CL_HEADER)
             return;
         /* A request may already be queued behind the handshake. */
@@ -370,6 +449,7 @@ static void step_client(braid_store_server *s, client *c, short revents)
         if (revents & (POLLERR | POLLHUP | POLLOUT))
             client_flush(c);
         return;
+    case CL_DELAY:
     case CL_DEAD:
         return;
     }
@@ -391,6 +471,24 @@ static short client_events(const client *c)
     }
 }
 
+/* Make room for a newcomer: drop the oldest unproven connection (of host,
+ * or of anybody when NULL), one whose proof failed first. The list runs
+ * newest first. */
+static void evict_oldest(braid_store_server *s, const char *host)
+{
+    client *victim = NULL;
+    for (client *c = s->clients; c; c = c->next) {
+        if (!c->unproven || c->state == CL_DEAD || (host && strcmp(c->host, host) != 0))
+            continue;
+        if (!victim || c->state == CL_DELAY || victim->state != CL_DELAY)
+            victim = c;
+    }
+    if (victim) {
+        client_drop(victim, BRAID_LOG_INFO, "too many unauthenticated connections: oldest dropped");
+        client_proven(s, victim);
+    }
+}
+
 static void accept_clients(braid_store_server *s)
 {
     for (;;) {
@@ -407,7 +505,7 @@ static void accept_clients(braid_store_server *s)
             return;
         }
         client *c = calloc(1, sizeof(*c));
-        braid_hello self = {.role = BRAID_ROLE_STORE_SERVER, .rank = 0, .target = -1};
+        braid_hello self = {.role = BRAID_ROLE_STORE_SERVER, .rank = 0, .target = -1, .job = s->job};
         if (!c || braid__auth_accept_init(&c->hs, s->secret, &self, BRAID_ROLE_STORE_CLIENT) != BRAID_OK) {
             BRAID_WARN("store: cannot take a new connection: out of memory or randomness");
             free(c);
@@ -420,6 +518,16 @@ static void accept_clients(braid_store_server *s)
         c->state = CL_HANDSHAKE;
         c->deadline = braid__now_ms() + braid__store_handshake_ms;
         braid__sock_addr_format(&a, c->addr, sizeof(c->addr));
+        braid__admit_host(&a, c->host);
+        int evict = braid__admit_enter(&s->admit, c->host);
+        if (evict < 0) {
+            BRAID_WARN("store: cannot take a connection from %s: out of memory", c->addr);
+            client_free(c);
+            continue;
+        }
+        c->unproven = 1;
+        if (evict)
+            evict_oldest(s, evict == 1 ? c->host : NULL);
         c->next = s->clients;
         s->clients = c;
         s->nclients++;
@@ -431,6 +539,7 @@ static void sweep_dead(braid_store_server *s)
     for (client **pp = &s->clients; *pp;) {
         client *c = *pp;
         if (c->state == CL_DEAD) {
+            client_proven(s, c);
             *pp = c->next;
             s->nclients--;
             client_free(c);
@@ -448,6 +557,8 @@ static void expire_deadlines(braid_store_server *s, int64_t now)
         if (c->state == CL_HANDSHAKE)
             client_drop(c, c->hs.bytes_in ? BRAID_LOG_WARN : BRAID_LOG_INFO,
                         "no complete handshake in time (slow, silent or not a braid client)");
+        else if (c->state == CL_DELAY)
+            client_drop(c, BRAID_LOG_INFO, "closed after a wrong proof");
         else if (c->state == CL_PARKED)
             client_reply(c, BRAID_STORE_REPLY_TIMEOUT, NULL, 0);
     }
@@ -485,6 +596,30 @@ static int grow_pollfds(braid_store_server *s, size_t n)
     return 0;
 }
 
+static size_t members(const braid_store_server *s)
+{
+    size_t n = 0;
+    for (const client *c = s->clients; c; c = c->next)
+        n += c->rank >= 0 && c->state != CL_DEAD;
+    return n;
+}
+
+/* Stopping may finish: members gone, or, for a failed job, every rank of
+ * it told why and every reply sent. */
+static int drained(const braid_store_server *s)
+{
+    if (!s->failed[0])
+        return members(s) == 0;
+    for (const client *c = s->clients; c; c = c->next)
+        if (c->state == CL_REPLY || (c->state == CL_HANDSHAKE && c->hs.state >= BRAID_AUTH_SEND_RESULT))
+            return 0;
+    uint32_t n = s->expect < s->job.size ? s->expect : s->job.size;
+    for (uint32_t r = 0; r < n; r++)
+        if (!s->told[r])
+            return 0;
+    return 1;
+}
+
 static void *server_main(void *arg)
 {
     braid_store_server *s = arg;
@@ -501,7 +636,8 @@ static void *server_main(void *arg)
         s->pfds[n++] = (struct pollfd){.fd = s->accept_resume > now ? -1 : s->listen_fd, .events = POLLIN};
         for (client *c = s->clients; c; c = c->next) {
             s->pclients[n] = c;
-            s->pfds[n++] = (struct pollfd){.fd = c->fd, .events = client_events(c)};
+            /* A held connection is not watched: a close would wake us in a loop. */
+            s->pfds[n++] = (struct pollfd){.fd = c->state == CL_DELAY ? -1 : c->fd, .events = client_events(c)};
         }
         int timeout = poll_timeout(s, now);
         if (stop_at >= 0 && (timeout < 0 || timeout > DRAIN_POLL_MS))
@@ -516,9 +652,13 @@ static void *server_main(void *arg)
             char drain[16];
             ssize_t r = read(s->wake[0], drain, sizeof(drain));
             (void)r;
-            stop_at = braid__now_ms() + s->drain_ms;
+            /* A failed job's members are told why, even when the owner leaves at once. */
+            int grace = s->failed[0] && s->drain_ms < FAILED_DRAIN_MS ? FAILED_DRAIN_MS : s->drain_ms;
+            stop_at = braid__now_ms() + grace;
         }
-        if (stop_at >= 0 && (s->nclients == 0 || braid__now_ms() >= stop_at))
+        /* Only members are waited for: a stranger's connection is no reason
+         * to keep the store. */
+        if (stop_at >= 0 && (drained(s) || braid__now_ms() >= stop_at))
             break;
         for (size_t i = 2; rc > 0 && i < n; i++)
             if (s->pfds[i].revents)
@@ -534,6 +674,12 @@ static void *server_main(void *arg)
 braid_status braid__store_server_start(int listen_fd, const uint8_t secret[BRAID_SECRET_BYTES],
                                        braid_store_server **server)
 {
+    return braid__store_server_start_job(listen_fd, secret, NULL, server);
+}
+
+braid_status braid__store_server_start_job(int listen_fd, const uint8_t secret[BRAID_SECRET_BYTES],
+                                           const braid_job_params *job, braid_store_server **server)
+{
     braid_status st;
     braid_store_server *s = calloc(1, sizeof(*s));
     if (!s) {
@@ -542,6 +688,16 @@ braid_status braid__store_server_start(int listen_fd, const uint8_t secret[BRAID
     }
     s->listen_fd = listen_fd;
     memcpy(s->secret, secret, BRAID_SECRET_BYTES);
+    if (job && job->size > 0) {
+        s->job = *job;
+        s->expect = job->size;
+        braid__admit_size(&s->admit, job->size); /* every rank connects at once at init */
+        s->told = calloc(job->size, 1);
+        if (!s->told) {
+            st = braid__error(BRAID_ERR_NO_MEMORY, "store: out of memory");
+            goto err_free_server;
+        }
+    }
     s->nbuckets = INITIAL_BUCKETS;
     s->buckets = calloc(s->nbuckets, sizeof(*s->buckets));
     if (!s->buckets) {
@@ -571,6 +727,7 @@ err_close_pipe:
 err_free_buckets:
     free(s->buckets);
 err_free_server:
+    free(s->told);
     free(s);
 err_close_listen:
     close(listen_fd);
@@ -597,6 +754,8 @@ void braid__store_server_stop_drained(braid_store_server *s, int grace_ms)
         client_free(c);
     }
     kv_free(s);
+    braid__admit_free(&s->admit);
+    free(s->told);
     free(s->pfds);
     free(s->pclients);
     close(s->wake[0]);

@@ -8,7 +8,9 @@
  *
  * SET stores value; GET answers with the value, waiting server-side up to
  * timeout_ms for a missing key; ADD adds the i64 value to the i64 at key
- * (missing: 0) and answers with the sum. Decoders are pure and range-check
+ * (missing: 0) and answers with the sum. Once the server has seen members
+ * that cannot form one job (job parameters that differ), it answers every
+ * request, and every GET still waiting, with FAILED and the reason. Decoders are pure and range-check
  * everything, for the fuzz targets. */
 #ifndef BRAID_STORE_WIRE_H
 #define BRAID_STORE_WIRE_H
@@ -30,7 +32,8 @@ typedef enum {
     BRAID_STORE_REPLY_OK = 0,
     BRAID_STORE_REPLY_TIMEOUT = 1, /* GET: key still missing at the deadline */
     BRAID_STORE_REPLY_BAD = 2,     /* ADD on a value that is not an i64 */
-    BRAID_STORE_REPLY_MAX = BRAID_STORE_REPLY_BAD
+    BRAID_STORE_REPLY_FAILED = 3,  /* the job failed at start-up; the value says why (text) */
+    BRAID_STORE_REPLY_MAX = BRAID_STORE_REPLY_FAILED
 } braid_store_code;
 
 typedef struct {

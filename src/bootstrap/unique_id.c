@@ -3,7 +3,6 @@
 #include <errno.h>
 #include <netdb.h>
 #include <openssl/rand.h>
-#include <openssl/sha.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +11,7 @@
 #include <unistd.h>
 
 #include "bootstrap.h"
+#include "bootstrap/auth.h"
 #include "bootstrap/sock.h"
 #include "log.h"
 #include "param.h"
@@ -154,6 +154,8 @@ braid_status braid__unique_id_decode(const braid_unique_id_t *id, braid_rendezvo
     snprintf(rv->host, sizeof(rv->host), "%s", l.host);
     rv->port = ntohs(l.port);
     memcpy(rv->secret, l.secret, sizeof(rv->secret));
+    rv->secret_source = BRAID_SECRET_UNIQUE_ID;
+    rv->job_id[0] = '\0';
     rv->local_rank = -1;
     return BRAID_OK;
 }
@@ -180,35 +182,6 @@ static braid_status env_int(const char *name, const char *text, long lo, long hi
         return braid__error(BRAID_ERR_INVALID_ARG, "%s=%s is not an integer in [%ld, %ld]", name, text, lo, hi);
     *out = (int)v;
     return BRAID_OK;
-}
-
-static int hex_value(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
-/* Without BRAID_JOB_SECRET every rank derives the same secret from the
- * launch variables: enough to keep stray or stale jobs out, not attackers
- * who can read the environment (docs/RELIABILITY.md). */
-static void derive_secret(const braid_rendezvous *rv, int size, uint8_t secret[BRAID_SECRET_BYTES])
-{
-    static const char *const job_ids[] = {"TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid",
-                                          "PMIX_NAMESPACE", NULL};
-    char text[512];
-    int n = snprintf(text, sizeof(text), "braid-env-secret|%s|%d|%d", rv->host, rv->port, size);
-    for (const char *const *p = job_ids; *p && n > 0 && (size_t)n < sizeof(text); p++) {
-        const char *v = braid__param_str(*p);
-        n += snprintf(text + n, sizeof(text) - (size_t)n, "|%s", v ? v : "");
-    }
-    uint8_t digest[SHA256_DIGEST_LENGTH];
-    SHA256((const unsigned char *)text, strlen(text), digest);
-    memcpy(secret, digest, BRAID_SECRET_BYTES);
 }
 
 braid_status braid__env_rendezvous(int *rank, int *size, braid_rendezvous *rv)
@@ -244,21 +217,7 @@ braid_status braid__env_rendezvous(int *rank, int *size, braid_rendezvous *rv)
         rv->port = master_port + 1;
     }
 
-    const char *secret_hex = braid__param_str("BRAID_JOB_SECRET");
-    if (secret_hex) {
-        if (strlen(secret_hex) != 2 * BRAID_SECRET_BYTES)
-            return braid__error(BRAID_ERR_INVALID_ARG, "BRAID_JOB_SECRET must be %d hex digits",
-                                2 * BRAID_SECRET_BYTES);
-        for (int i = 0; i < BRAID_SECRET_BYTES; i++) {
-            int hi = hex_value(secret_hex[2 * i]), lo = hex_value(secret_hex[2 * i + 1]);
-            if (hi < 0 || lo < 0)
-                return braid__error(BRAID_ERR_INVALID_ARG, "BRAID_JOB_SECRET must be %d hex digits",
-                                    2 * BRAID_SECRET_BYTES);
-            rv->secret[i] = (uint8_t)(hi << 4 | lo);
-        }
-    } else {
-        derive_secret(rv, s, rv->secret);
-    }
+    BRAID_CHECK(braid__job_secret_env(r, rv));
     static const char *const local_vars[] = {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", NULL};
     const char *local_name = NULL, *local_text = first_env(local_vars, &local_name);
     rv->local_rank = -1;

@@ -27,7 +27,9 @@ static int hello_equal(const braid_hello *a, const braid_hello *b)
 {
     return a->version == b->version && a->role == b->role && a->rank == b->rank && a->target == b->target &&
            a->pg_tag == b->pg_tag && memcmp(a->nonce, b->nonce, BRAID_NONCE_BYTES) == 0 &&
-           a->sock_index == b->sock_index && a->nsocks == b->nsocks;
+           a->sock_index == b->sock_index && a->nsocks == b->nsocks && a->job.size == b->job.size &&
+           a->job.source == b->job.source && a->job.checksum == b->job.checksum &&
+           a->job.secret_id == b->job.secret_id && strcmp(a->job.job_id, b->job.job_id) == 0;
 }
 
 static void check_hello_bytes(const uint8_t *data, size_t size)
@@ -67,6 +69,13 @@ static void check_roundtrip(const uint8_t *data, size_t size)
     memcpy(x.nonce, raw + 16, BRAID_NONCE_BYTES);
     x.sock_index = (uint16_t)(raw[32] << 8 | raw[33]);
     x.nsocks = (uint16_t)(raw[34] << 8 | raw[35]);
+    x.job.size = ((uint32_t)raw[36] << 24 | (uint32_t)raw[37] << 16 | (uint32_t)raw[38] << 8 | raw[39]) & 0x7fffffffu;
+    x.job.source = (uint8_t)(raw[40] % (BRAID_SECRET_MAX + 1));
+    x.job.checksum = raw[41] & 1;
+    x.job.secret_id = (uint32_t)raw[42] << 24 | (uint32_t)raw[43] << 16 | (uint32_t)raw[44] << 8 | raw[45];
+    size_t idlen = raw[46] % (BRAID_JOB_ID_BYTES + 1);
+    for (size_t i = 0; i < idlen; i++)
+        x.job.job_id[i] = (char)(0x20 + raw[47 + i] % 0x5f);
     uint8_t wire[BRAID_HELLO_BYTES];
     braid__hello_encode(&x, wire);
     braid_hello y;

@@ -4,10 +4,15 @@
  * name carries the group tag, the rank and a random part. A dialling rank
  * connects, runs the job-secret handshake as initiator, then sends the
  * memfd and both eventfds with SCM_RIGHTS. An accept thread on the
- * listening side authenticates each incoming socket in turn, maps the
- * region and parks the finished connection per peer rank until accept()
- * takes it, so a dialler never waits for the acceptor's code to reach its
- * accept() call. */
+ * listening side serves every incoming socket at once from one poll()
+ * loop (authenticate, receive the set-up, map the region) and parks the
+ * finished connection per peer rank until accept() takes it, so a dialler
+ * never waits for the acceptor's code to reach its accept() call.
+ *
+ * Abstract socket names are visible to every user (/proc/net/unix), so
+ * the listener refuses a peer of another uid at accept (SO_PEERCRED): only
+ * the job's own user can map its memory anyway. A silent or slow socket
+ * costs one pollfd until its handshake limit, never a member's time. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -32,6 +37,16 @@
 
 #define ADDR_PREFIX "unix:@"
 #define RETRY_MS 5
+#define PENDING_MAX 64 /* sockets in set-up at once; beyond, the oldest goes */
+
+/* An incoming socket on its way to a parked connection. */
+typedef struct {
+    int fd;
+    int64_t deadline;
+    int setup;     /* 0: handshake, 1: waiting for the set-up message */
+    int claimed;   /* rank whose slot this socket holds (-1: none) */
+    braid_auth_accept hs;
+} pending;
 
 typedef struct {
     braid_listener base;       /* first: braid_listener * downcasts to this */
@@ -46,6 +61,10 @@ typedef struct {
     int stopping;
     braid_shm_conn **parked;   /* [ctx.size]: connections not yet accept()ed */
     uint8_t *taken;            /* [ctx.size] */
+    uint8_t *claimed;          /* [ctx.size]: authenticated, set-up under way (accept thread only) */
+    pending *pend;             /* [PENDING_MAX] (accept thread only) */
+    int npend;
+    unsigned refused_uids;     /* other-uid connections refused, for the log */
 } shm_listener;
 
 static shm_listener *listener_of(braid_listener *l)
@@ -70,58 +89,26 @@ static braid_status addr_parse(const char *text, struct sockaddr_un *sa, socklen
     return BRAID_OK;
 }
 
-/* Run the acceptor side of the handshake on fd, blocking until deadline. */
-static braid_status accept_handshake(shm_listener *l, int fd, int64_t deadline, braid_hello *peer)
+/* The verdict on an authenticated dialler. */
+static uint32_t judge(shm_listener *l, const braid_hello *h)
 {
-    braid_auth_accept hs;
-    braid_hello self = {.role = BRAID_ROLE_TCP_ACCEPT, .rank = l->ctx.rank, .target = -1, .pg_tag = l->ctx.pg_tag};
-    braid_status st;
-    BRAID_CHECK(braid__auth_accept_init(&hs, l->ctx.secret, &self, BRAID_ROLE_TCP_CONNECT));
-    for (;;) {
-        BRAID_CHECK_GOTO(braid__auth_accept_step(&hs, fd), st, out_clear);
-        if (hs.state == BRAID_AUTH_VERIFIED) {
-            const braid_hello *h = &hs.peer;
-            uint32_t verdict = BRAID_AUTH_ACCEPTED;
-            if (h->pg_tag != l->ctx.pg_tag)
-                verdict = BRAID_AUTH_REJECT_GROUP;
-            else if (h->target != l->ctx.rank || h->rank >= l->ctx.size || h->rank == l->ctx.rank)
-                verdict = BRAID_AUTH_REJECT_RANK;
-            else if (h->nsocks != 1 || h->sock_index != 0)
-                verdict = BRAID_AUTH_REJECT_SOCKETS;
-            else {
-                pthread_mutex_lock(&l->mu);
-                if (l->taken[h->rank] || l->parked[h->rank])
-                    verdict = BRAID_AUTH_REJECT_DUPLICATE;
-                pthread_mutex_unlock(&l->mu);
-            }
-            if (verdict != BRAID_AUTH_ACCEPTED)
-                BRAID_WARN("rank %d: refusing shared-memory rank %d: %s", l->ctx.rank, h->rank,
-                           braid__auth_result_string(verdict));
-            braid__auth_accept_finish(&hs, verdict);
-            continue;
-        }
-        if (hs.state == BRAID_AUTH_DONE)
-            break;
-        int left = braid__ms_until(deadline);
-        if (left == 0) {
-            st = braid__error_quiet(BRAID_ERR_TIMEOUT, "no complete handshake in time");
-            goto out_clear;
-        }
-        struct pollfd p = {.fd = fd, .events = braid__auth_accept_events(&hs)};
-        if (poll(&p, 1, left) < 0 && errno != EINTR) {
-            st = braid__error_quiet(BRAID_ERR_SYSTEM, "poll: %m");
-            goto out_clear;
-        }
+    uint32_t verdict = BRAID_AUTH_ACCEPTED;
+    if (h->pg_tag != l->ctx.pg_tag)
+        verdict = BRAID_AUTH_REJECT_GROUP;
+    else if (h->target != l->ctx.rank || h->rank >= l->ctx.size || h->rank == l->ctx.rank)
+        verdict = BRAID_AUTH_REJECT_RANK;
+    else if (h->nsocks != 1 || h->sock_index != 0)
+        verdict = BRAID_AUTH_REJECT_SOCKETS;
+    else {
+        pthread_mutex_lock(&l->mu);
+        if (l->taken[h->rank] || l->parked[h->rank] || l->claimed[h->rank])
+            verdict = BRAID_AUTH_REJECT_DUPLICATE;
+        pthread_mutex_unlock(&l->mu);
     }
-    if (hs.result != BRAID_AUTH_ACCEPTED) {
-        st = braid__error_quiet(BRAID_ERR_AUTH, "refused: %s", braid__auth_result_string(hs.result));
-        goto out_clear;
-    }
-    *peer = hs.peer;
-    st = BRAID_OK;
-out_clear:
-    braid__auth_accept_clear(&hs);
-    return st;
+    if (verdict != BRAID_AUTH_ACCEPTED)
+        BRAID_WARN("rank %d: refusing shared-memory rank %d: %s", l->ctx.rank, h->rank,
+                   braid__auth_result_string(verdict));
+    return verdict;
 }
 
 /* Receive the set-up message and its three descriptors. */
@@ -170,48 +157,168 @@ static braid_status recv_setup(int fd, int64_t deadline, braid_shm_setup *setup,
     return BRAID_OK;
 }
 
-/* One incoming socket, start to finish. Takes fd. */
-static void take_incoming(shm_listener *l, int fd)
+/* Close a pending socket (why: NULL when handed on) and free its slot. */
+static void pending_drop(shm_listener *l, int i, const char *why)
 {
-    int64_t deadline = braid__now_ms() + l->hs_timeout_ms;
-    braid_hello peer = {0};
+    pending *p = &l->pend[i];
+    if (why)
+        BRAID_LOG(p->hs.bytes_in ? BRAID_LOG_WARN : BRAID_LOG_INFO, "rank %d: dropped a shared-memory connection: %s",
+                  l->ctx.rank, why);
+    if (p->fd >= 0)
+        close(p->fd);
+    if (p->claimed >= 0)
+        l->claimed[p->claimed] = 0;
+    braid__auth_accept_clear(&p->hs);
+    l->pend[i] = l->pend[--l->npend];
+}
+
+/* The set-up message of an authenticated dialler: map and park. */
+static void finish_setup(shm_listener *l, int i)
+{
+    pending *p = &l->pend[i];
     braid_shm_setup setup;
     int fds[3];
     braid_shm_conn *c;
-    if (accept_handshake(l, fd, deadline, &peer) != BRAID_OK)
-        goto err_drop;
-    if (recv_setup(fd, deadline, &setup, fds) != BRAID_OK)
-        goto err_drop;
-    if (setup.magic != BRAID_SHM_MAGIC || setup.version != BRAID_WIRE_VERSION ||
-        setup.ring_bytes < 4096 || setup.ring_bytes > ((uint64_t)1 << 30) ||
-        (setup.ring_bytes & (setup.ring_bytes - 1))) {
+    int rank = p->hs.peer.rank;
+    if (recv_setup(p->fd, p->deadline, &setup, fds) != BRAID_OK) {
+        pending_drop(l, i, braid_last_error());
+        return;
+    }
+    if (setup.magic != BRAID_SHM_MAGIC || setup.version != BRAID_WIRE_VERSION || setup.ring_bytes < 4096 ||
+        setup.ring_bytes > ((uint64_t)1 << 30) || (setup.ring_bytes & (setup.ring_bytes - 1))) {
         braid__error_quiet(BRAID_ERR_PEER, "bad shared-memory set-up header");
         goto err_close_fds;
     }
     int efd[2] = {fds[1], fds[2]};
-    if (braid_shm_conn_create(l->ctx.rank, peer.rank, 1, fd, fds[0], efd, (size_t)setup.ring_bytes, &c) != BRAID_OK)
+    if (braid_shm_conn_create(l->ctx.rank, rank, 1, p->fd, fds[0], efd, (size_t)setup.ring_bytes, &c) != BRAID_OK)
         goto err_close_fds;
+    p->fd = -1; /* the connection owns it now */
     pthread_mutex_lock(&l->mu);
-    l->parked[peer.rank] = c; /* the handshake refused duplicates: the slot is empty */
+    l->parked[rank] = c; /* claimed by this socket alone: the slot is empty */
     pthread_cond_broadcast(&l->cv);
     pthread_mutex_unlock(&l->mu);
-    BRAID_TRACE("rank %d: shared-memory peer %d authenticated", l->ctx.rank, peer.rank);
+    BRAID_TRACE("rank %d: shared-memory peer %d authenticated", l->ctx.rank, rank);
+    pending_drop(l, i, NULL);
     return;
 
 err_close_fds:
-    for (int i = 0; i < 3; i++)
-        close(fds[i]);
-err_drop:
-    BRAID_WARN("rank %d: dropped a shared-memory connection: %s", l->ctx.rank, braid_last_error());
-    close(fd);
+    for (int k = 0; k < 3; k++)
+        close(fds[k]);
+    pending_drop(l, i, braid_last_error());
+}
+
+/* Move pending socket i on; it may be dropped (and slot i refilled). */
+static void pending_step(shm_listener *l, int i)
+{
+    pending *p = &l->pend[i];
+    if (p->setup) {
+        finish_setup(l, i);
+        return;
+    }
+    if (braid__auth_accept_step(&p->hs, p->fd) != BRAID_OK) {
+        pending_drop(l, i, braid_last_error());
+        return;
+    }
+    if (p->hs.state == BRAID_AUTH_VERIFIED) {
+        uint32_t verdict = judge(l, &p->hs.peer);
+        if (verdict == BRAID_AUTH_ACCEPTED) {
+            p->claimed = p->hs.peer.rank;
+            l->claimed[p->claimed] = 1;
+        }
+        braid__auth_accept_finish(&p->hs, verdict);
+        if (braid__auth_accept_step(&p->hs, p->fd) != BRAID_OK) {
+            pending_drop(l, i, braid_last_error());
+            return;
+        }
+    }
+    if (p->hs.state == BRAID_AUTH_DONE) {
+        if (p->hs.result != BRAID_AUTH_ACCEPTED) {
+            pending_drop(l, i, braid__auth_result_string(p->hs.result));
+            return;
+        }
+        p->setup = 1;
+    }
+}
+
+/* Only the job's user may connect: refuse others before reading a byte. */
+static int peer_is_us(shm_listener *l, int fd)
+{
+    struct ucred cred;
+    socklen_t len = sizeof(cred);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || len != sizeof(cred)) {
+        BRAID_WARN("rank %d: shared-memory connection without peer credentials: %m; refused", l->ctx.rank);
+        return 0;
+    }
+    if (cred.uid == geteuid())
+        return 1;
+    /* Say it once, then count: a flood must not flood the log. */
+    if (l->refused_uids++ == 0)
+        BRAID_WARN("rank %d: refused a shared-memory connection from uid %u (pid %d): not this job's user (uid %u)",
+                   l->ctx.rank, (unsigned)cred.uid, (int)cred.pid, (unsigned)geteuid());
+    return 0;
+}
+
+static void accept_new(shm_listener *l)
+{
+    for (;;) {
+        int fd = accept4(l->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == ENOBUFS) {
+                BRAID_WARN("rank %d: shared-memory accept: %m; pausing", l->ctx.rank);
+                poll(NULL, 0, 100);
+            }
+            return;
+        }
+        if (!peer_is_us(l, fd)) {
+            close(fd);
+            continue;
+        }
+        if (l->npend == PENDING_MAX) {
+            int oldest = 0;
+            for (int i = 1; i < l->npend; i++)
+                if (l->pend[i].deadline < l->pend[oldest].deadline)
+                    oldest = i;
+            pending_drop(l, oldest, "too many connections in set-up: oldest dropped");
+        }
+        pending *p = &l->pend[l->npend];
+        braid_hello self = {.role = BRAID_ROLE_TCP_ACCEPT, .rank = l->ctx.rank, .target = -1, .pg_tag = l->ctx.pg_tag};
+        if (braid__auth_accept_init(&p->hs, l->ctx.secret, &self, BRAID_ROLE_TCP_CONNECT) != BRAID_OK) {
+            BRAID_WARN("rank %d: shared-memory accept: %s", l->ctx.rank, braid_last_error());
+            close(fd);
+            continue;
+        }
+        p->fd = fd;
+        p->setup = 0;
+        p->claimed = -1;
+        p->deadline = braid__now_ms() + l->hs_timeout_ms;
+        l->npend++;
+    }
 }
 
 static void *accept_main(void *arg)
 {
     shm_listener *l = arg;
+    struct pollfd pfd[2 + PENDING_MAX];
     for (;;) {
-        struct pollfd p[2] = {{.fd = l->wake[0], .events = POLLIN}, {.fd = l->listen_fd, .events = POLLIN}};
-        int rc = poll(p, 2, -1);
+        int64_t now = braid__now_ms();
+        for (int i = 0; i < l->npend;) {
+            if (l->pend[i].deadline <= now)
+                pending_drop(l, i, "no complete handshake and set-up in time");
+            else
+                i++;
+        }
+        int timeout = -1;
+        pfd[0] = (struct pollfd){.fd = l->wake[0], .events = POLLIN};
+        pfd[1] = (struct pollfd){.fd = l->listen_fd, .events = POLLIN};
+        int n = l->npend;
+        for (int i = 0; i < n; i++) {
+            pending *p = &l->pend[i];
+            pfd[2 + i] = (struct pollfd){.fd = p->fd, .events = p->setup ? POLLIN : braid__auth_accept_events(&p->hs)};
+            int left = braid__ms_until(p->deadline);
+            if (timeout < 0 || left < timeout)
+                timeout = left;
+        }
+        int rc = poll(pfd, (nfds_t)(2 + n), timeout);
         if (rc < 0) {
             if (errno != EINTR) {
                 BRAID_WARN("rank %d: shared-memory listener poll: %m", l->ctx.rank);
@@ -219,20 +326,17 @@ static void *accept_main(void *arg)
             }
             continue;
         }
-        if (p[0].revents)
+        if (pfd[0].revents)
             break;
-        if (!p[1].revents)
-            continue;
-        int fd = accept4(l->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) {
-            if (errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == ENOBUFS) {
-                BRAID_WARN("rank %d: shared-memory accept: %m; pausing", l->ctx.rank);
-                poll(NULL, 0, 100);
-            }
-            continue;
-        }
-        take_incoming(l, fd);
+        /* Backwards: a drop moves the last entry into the freed slot. */
+        for (int i = n - 1; i >= 0; i--)
+            if (pfd[2 + i].revents)
+                pending_step(l, i);
+        if (pfd[1].revents)
+            accept_new(l);
     }
+    while (l->npend > 0)
+        pending_drop(l, l->npend - 1, NULL);
     return NULL;
 }
 
@@ -251,7 +355,9 @@ braid_status braid_shm_listen(const braid_transport_ctx *ctx, braid_listener **l
                            : BRAID_SHM_HANDSHAKE_MAX_MS;
     l->parked = calloc((size_t)ctx->size, sizeof(*l->parked));
     l->taken = calloc((size_t)ctx->size, 1);
-    if (!l->parked || !l->taken) {
+    l->claimed = calloc((size_t)ctx->size, 1);
+    l->pend = calloc(PENDING_MAX, sizeof(*l->pend));
+    if (!l->parked || !l->taken || !l->claimed || !l->pend) {
         st = braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for %d peers", ctx->rank, ctx->size);
         goto err_free;
     }
@@ -309,6 +415,8 @@ err_close_listen:
 err_free:
     free(l->parked);
     free(l->taken);
+    free(l->claimed);
+    free(l->pend);
     free(l);
     return st;
 }
@@ -373,6 +481,8 @@ void braid_shm_close_listener(braid_listener *listener)
             braid_shm_close(&l->parked[r]->base);
     free(l->parked);
     free(l->taken);
+    free(l->claimed);
+    free(l->pend);
     close(l->wake[0]);
     close(l->wake[1]);
     close(l->listen_fd);

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bootstrap/admit.h"
 #include "bootstrap/auth.h"
 #include "log.h"
 #include "status.h"
@@ -28,7 +29,10 @@ typedef struct pending {
     int64_t deadline;
     int claimed; /* holds slots[peer.rank].fds[peer.sock_index] */
     int dead;
+    int counted; /* in the admission table (until it proves the secret) */
+    int delayed; /* a wrong proof, held until deadline, then closed */
     char addr[BRAID_SOCK_ADDR_STR];
+    char host[BRAID_SOCK_ADDR_STR];
     braid_auth_accept hs;
     struct pending *next;
 } pending;
@@ -56,6 +60,7 @@ typedef struct {
     slot *slots;      /* [ctx.size] */
     pending *pending; /* accept thread only */
     size_t npending;
+    braid_admit admit; /* accept thread only: per-source caps and delays (admit.h) */
     struct pollfd *pfds;
     pending **ppend;
     size_t pcap;
@@ -67,12 +72,35 @@ static tcp_listener *listener_of(braid_listener *l)
     return (tcp_listener *)l;
 }
 
+static void uncount(tcp_listener *l, pending *p)
+{
+    if (p->counted)
+        braid__admit_leave(&l->admit, p->host);
+    p->counted = 0;
+}
+
 static void drop(tcp_listener *l, pending *p, int level, const char *why)
 {
     if (p->dead)
         return;
     BRAID_LOG(level, "rank %d: dropped a connection from %s: %s", l->ctx.rank, p->addr, why);
     p->dead = 1;
+    uncount(l, p);
+}
+
+/* Room for a newcomer: drop the oldest unproven socket (of host, or of
+ * anybody when NULL), a held wrong proof first. The list runs newest first. */
+static void evict_oldest(tcp_listener *l, const char *host)
+{
+    pending *victim = NULL;
+    for (pending *p = l->pending; p; p = p->next) {
+        if (p->dead || !p->counted || (host && strcmp(p->host, host) != 0))
+            continue;
+        if (!victim || p->delayed || !victim->delayed)
+            victim = p;
+    }
+    if (victim)
+        drop(l, victim, BRAID_LOG_INFO, "too many unauthenticated connections: oldest dropped");
 }
 
 /* Verdict on a verified initiator; claims its slot when accepted. */
@@ -152,6 +180,15 @@ static void park(tcp_listener *l, pending *p)
 static void step(tcp_listener *l, pending *p)
 {
     if (braid__auth_accept_step(&p->hs, p->fd) != BRAID_OK) {
+        if (p->hs.bad_proof) {
+            /* Hold it, silent, before the close (admit.h). */
+            int delay = braid__admit_fail(&l->admit, p->host, braid__now_ms());
+            BRAID_WARN("rank %d: connection from %s: %s; closing it in %d ms", l->ctx.rank, p->addr,
+                       braid_last_error(), delay);
+            p->delayed = 1;
+            p->deadline = braid__now_ms() + delay;
+            return;
+        }
         /* A bare connect-and-close is a port scan or a health check. */
         int quiet = p->hs.bytes_in == 0 && p->hs.state == BRAID_AUTH_RECV_HELLO;
         unclaim(l, p);
@@ -159,6 +196,7 @@ static void step(tcp_listener *l, pending *p)
         return;
     }
     if (p->hs.state == BRAID_AUTH_VERIFIED) {
+        uncount(l, p);
         uint32_t verdict = judge(l, p);
         if (verdict != BRAID_AUTH_ACCEPTED)
             BRAID_WARN("rank %d: refusing rank %d (socket %u of %u) from %s: %s", l->ctx.rank, p->hs.peer.rank,
@@ -205,6 +243,18 @@ static void accept_sockets(tcp_listener *l)
         p->fd = fd;
         p->deadline = braid__now_ms() + l->hs_timeout_ms;
         braid__sock_addr_format(&a, p->addr, sizeof(p->addr));
+        braid__admit_host(&a, p->host);
+        int evict = braid__admit_enter(&l->admit, p->host);
+        if (evict < 0) {
+            BRAID_WARN("rank %d: cannot take a connection from %s: out of memory", l->ctx.rank, p->addr);
+            braid__auth_accept_clear(&p->hs);
+            free(p);
+            close(fd);
+            continue;
+        }
+        p->counted = 1;
+        if (evict)
+            evict_oldest(l, evict == 1 ? p->host : NULL);
         p->next = l->pending;
         l->pending = p;
         l->npending++;
@@ -225,8 +275,11 @@ static void sweep(tcp_listener *l, int64_t now)
         pending *p = *pp;
         if (!p->dead && p->deadline <= now) {
             unclaim(l, p);
-            drop(l, p, p->hs.bytes_in ? BRAID_LOG_WARN : BRAID_LOG_INFO,
-                 "no complete handshake in time (slow, silent or not a braid peer)");
+            if (p->delayed)
+                drop(l, p, BRAID_LOG_INFO, "closed after a wrong proof");
+            else
+                drop(l, p, p->hs.bytes_in ? BRAID_LOG_WARN : BRAID_LOG_INFO,
+                     "no complete handshake in time (slow, silent or not a braid peer)");
         }
         if (p->dead) {
             *pp = p->next;
@@ -273,7 +326,8 @@ static void *accept_main(void *arg)
         l->pfds[n++] = (struct pollfd){.fd = l->accept_resume > now ? -1 : l->listen_fd, .events = POLLIN};
         for (pending *p = l->pending; p; p = p->next) {
             l->ppend[n] = p;
-            l->pfds[n++] = (struct pollfd){.fd = p->fd, .events = braid__auth_accept_events(&p->hs)};
+            /* A held wrong proof is not watched: its close would wake us in a loop. */
+            l->pfds[n++] = (struct pollfd){.fd = p->delayed ? -1 : p->fd, .events = braid__auth_accept_events(&p->hs)};
             if (next < 0 || p->deadline < next)
                 next = p->deadline;
         }
@@ -323,6 +377,8 @@ braid_status braid_tcp_listen(const braid_transport_ctx *ctx, braid_listener **l
     l->ctx = *ctx;
     l->hs_timeout_ms = ctx->timeout_ms > 0 && ctx->timeout_ms < BRAID_TCP_HANDSHAKE_MAX_MS ? ctx->timeout_ms
                                                                                            : BRAID_TCP_HANDSHAKE_MAX_MS;
+    /* Every peer may dial with all its sockets at once (up to 16 each). */
+    braid__admit_size(&l->admit, (long)ctx->size * (ctx->nsocks > 0 ? ctx->nsocks : 2));
     l->slots = calloc((size_t)ctx->size, sizeof(*l->slots));
     if (!l->slots) {
         st = braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for %d peers", ctx->rank, ctx->size);
@@ -457,6 +513,7 @@ void braid_tcp_close_listener(braid_listener *listener)
         free(s->fds);
     }
     free(l->slots);
+    braid__admit_free(&l->admit);
     free(l->pfds);
     free(l->ppend);
     close(l->wake[0]);
