@@ -54,7 +54,9 @@ braid_status braid__error(braid_status status, const char *fmt, ...)
     va_start(ap, fmt);
     format_error(status, fmt, ap);
     va_end(ap);
-    BRAID_WARN("%s", error_text);
+    /* The caller gets this text back; logging it at WARN too would print
+     * every error twice (once here, once by the program). */
+    BRAID_INFO("%s", error_text);
     return status;
 }
 
@@ -76,4 +78,12 @@ void braid__error_set_text(const char *text)
 {
     if (text != error_text)
         snprintf(error_text, sizeof(error_text), "%s", text);
+}
+
+const char *braid__error_detail(void)
+{
+    const char *colon = strstr(error_text, ": ");
+    if (colon && strncmp(error_text, "BRAID_", 6) == 0 && (size_t)(colon - error_text) < 32)
+        return colon + 2;
+    return error_text;
 }
