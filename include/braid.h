@@ -100,9 +100,12 @@ typedef struct {
     int checksum;            /**< CRC32C of every message between ranks, checked before use (a mismatch
                                   is BRAID_ERR_CORRUPT): 1 on, -1 off, 0: BRAID_CHECKSUM (default off).
                                   Every rank must agree; braid_pg_init fails otherwise */
+    int init_timeout_ms;     /**< how long braid_pg_init waits for every rank to reach rank 0's store;
+                                  0: BRAID_INIT_TIMEOUT_MS or 1800000 (30 min, torch's default
+                                  process-group timeout). Rank 0 logs the missing ranks meanwhile */
 } braid_config;
 
-#define BRAID_CONFIG_INIT { sizeof(braid_config), 0, 0, 0, BRAID_ALGO_AUTO, NULL, NULL, 0 }
+#define BRAID_CONFIG_INIT { sizeof(braid_config), 0, 0, 0, BRAID_ALGO_AUTO, NULL, NULL, 0, 0 }
 
 typedef struct braid_pg braid_pg;             /**< opaque process group */
 typedef struct braid_work braid_work;         /**< opaque async handle */

@@ -9,6 +9,8 @@ const braid_param_info braid__params[] = {
     {"BRAID_DEBUG", "WARN", "log level: NONE, WARN, INFO, TRACE"},
     {"BRAID_DEBUG_FILE", NULL, "log to this file instead of stderr (%h host, %p pid)"},
     {"BRAID_TIMEOUT_MS", "300000", "limit of every blocking wait, in milliseconds"},
+    {"BRAID_INIT_TIMEOUT_MS", "1800000", "how long group creation waits for every rank to reach rank 0's store "
+                                         "(torch's default process-group timeout)"},
     {"BRAID_TRANSPORT", NULL, "comma-separated transports to allow, in order of preference; shm beside "
                               "others serves same-host peers (unset: shm for them, verbs or tcp for the rest)"},
     {"BRAID_SHM_CMA", "1", "shm: 1 reads large messages straight from the sender (process_vm_readv), 0 copies "

@@ -14,6 +14,7 @@
 #include "log.h"
 #include "param.h"
 #include "pg.h"
+#include "pg_rendezvous.h"
 #include "pg_shrink.h"
 #include "status.h"
 #include "transport.h"
@@ -22,6 +23,9 @@
 #include "devlink.h"
 
 #define DEFAULT_TIMEOUT_MS 300000
+/* torch's default process-group timeout (default_pg_timeout, 30 min),
+ * which its rendezvous also waits: a job that torch would start, braid does. */
+#define DEFAULT_INIT_TIMEOUT_MS 1800000
 #define AUTO_NSOCKS 0 /* the transport picks per peer */
 #define STORE_DRAIN_MS 5000 /* longest rank 0 waits at destroy for others to leave its store */
 #define DEFAULT_CHUNK_BYTES (512 * 1024)
@@ -70,8 +74,13 @@ static braid_status apply_config(braid_pg *pg, const braid_config *cfg)
     long long nsocks = c.nsocks > 0 ? c.nsocks : braid__param_int("BRAID_NSOCKS", AUTO_NSOCKS);
     long long chunk = c.chunk_bytes > 0 ? (long long)c.chunk_bytes
                                         : braid__param_int("BRAID_CHUNK_BYTES", DEFAULT_CHUNK_BYTES);
+    int has_init = c.size >= offsetof(braid_config, init_timeout_ms) + sizeof(int) && c.init_timeout_ms > 0;
+    long long init_timeout = has_init ? c.init_timeout_ms
+                                      : braid__param_int("BRAID_INIT_TIMEOUT_MS", DEFAULT_INIT_TIMEOUT_MS);
     if (timeout <= 0 || timeout > 24LL * 3600 * 1000)
         return braid__error(BRAID_ERR_INVALID_ARG, "timeout %lld ms out of range", timeout);
+    if (init_timeout <= 0 || init_timeout > 24LL * 3600 * 1000)
+        return braid__error(BRAID_ERR_INVALID_ARG, "init timeout %lld ms out of range (1 ms to 24 h)", init_timeout);
     if (nsocks < 0 || nsocks > 16)
         return braid__error(BRAID_ERR_INVALID_ARG, "nsocks %lld out of range [1, 16] (0: automatic)", nsocks);
     if (chunk < 4096 || chunk > (1LL << 30))
@@ -79,6 +88,7 @@ static braid_status apply_config(braid_pg *pg, const braid_config *cfg)
     if ((unsigned)c.algo >= BRAID_ALGO_COUNT)
         return braid__error(BRAID_ERR_INVALID_ARG, "braid_config.algo %d is invalid", (int)c.algo);
     pg->timeout_ms = (int)timeout;
+    pg->init_timeout_ms = (int)init_timeout;
     pg->ctx.timeout_ms = (int)timeout;
     pg->ctx.nsocks = (int)nsocks;
     pg->chunk_bytes = (size_t)chunk & ~(size_t)63; /* whole cache lines: vector-friendly chunk edges */
@@ -333,17 +343,7 @@ static braid_status pg_join(braid_pg *pg, const braid_rendezvous *rv, const brai
     if (pg->wake_fd < 0)
         return braid__error(BRAID_ERR_SYSTEM, "rank %d: eventfd: %m", pg->rank);
 
-    if (pg->rank == 0) {
-        int fd = braid__prebound_take(rv->port);
-        if (fd < 0) {
-            int port;
-            BRAID_CHECK(braid__sock_listen(rv->host, rv->port, &fd, &port));
-        }
-        BRAID_CHECK(braid__store_server_start(fd, rv->secret, &pg->store_server));
-    } else {
-        braid__prebound_release(rv->port);
-    }
-    BRAID_CHECK(braid__store_connect(rv->host, rv->port, rv->secret, pg->rank, pg->timeout_ms, &pg->store));
+    BRAID_CHECK(braid__pg_rendezvous(pg, rv));
     BRAID_CHECK(agree_tag(pg));
     BRAID_CHECK(braid__checksum_announce(pg->store, pg->checksum)); /* before our address: see below */
 

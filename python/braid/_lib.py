@@ -53,6 +53,7 @@ class Config(ctypes.Structure):
         ("transports", ctypes.c_char_p),
         ("socket_ifname", ctypes.c_char_p),
         ("checksum", ctypes.c_int),
+        ("init_timeout_ms", ctypes.c_int),
     ]
 
 

@@ -13,6 +13,11 @@ typedef struct {
     int port;
     uint8_t secret[BRAID_SECRET_BYTES];
     int local_rank;                       /* the launcher's, -1 when it set none */
+    /* What chose the port, for messages ("MASTER_PORT+1", "BRAID_STORE_PORT"),
+     * and whether rank 0 binds it only at init (the launcher path), so that
+     * a silent program on it can only be a stranger. */
+    char port_source[48];
+    int bound_at_init;
 } braid_rendezvous;
 
 /* Decode and validate a unique id. */

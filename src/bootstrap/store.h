@@ -23,9 +23,11 @@ void braid__store_server_stop(braid_store_server *server);
  * its last answer. */
 void braid__store_server_stop_drained(braid_store_server *server, int grace_ms);
 
-/* Connect to host:port, retrying until timeout_ms (rank 0 may start last). */
+/* Connect to host:port, retrying until timeout_ms (rank 0 may start last).
+ * hello_ms > 0: a server that accepts but does not answer the handshake
+ * within hello_ms fails with BRAID_ERR_PEER ("not a braid store"). */
 braid_status braid__store_connect(const char *host, int port, const uint8_t secret[BRAID_SECRET_BYTES],
-                                  int rank, int timeout_ms, braid_store **store);
+                                  int rank, int timeout_ms, int hello_ms, braid_store **store);
 /* Same over fd, already connected to the server at addr (text for
  * messages): authenticates only. The store takes fd, also on failure. */
 braid_status braid__store_attach(int fd, const char *addr, const uint8_t secret[BRAID_SECRET_BYTES], int rank,
