@@ -175,8 +175,9 @@ braid_status braid__pg_rendezvous(braid_pg *pg, const braid_rendezvous *rv)
     int wait_ms = (int)(deadline - braid__now_ms()) + JOIN_VERDICT_GRACE_MS;
     braid_status st = braid__store_get(pg->store, "join/done", v, sizeof(v) - 1, &len, wait_ms > 0 ? wait_ms : 0);
     if (st == BRAID_ERR_TIMEOUT)
-        return braid__error(st, "rank %d: joined the store at %s:%d, but rank 0 did not report every rank joined within "
-                                "%d ms (BRAID_INIT_TIMEOUT_MS)",
+        return braid__error(st,
+                            "rank %d: joined the store at %s:%d, but rank 0 did not report every rank joined within "
+                            "%d ms (BRAID_INIT_TIMEOUT_MS)",
                             pg->rank, rv->host, rv->port, pg->init_timeout_ms);
     BRAID_CHECK(st);
     v[len] = '\0';

@@ -27,6 +27,10 @@ void braid__error_set_text(const char *text);
  * quote when wrapping it in a new error. */
 const char *braid__error_detail(void);
 
+/* Names for messages: "f32", "bf16", "sum", "avg"; "invalid" otherwise. */
+const char *braid__dtype_name(braid_dtype dtype);
+const char *braid__op_name(braid_op op);
+
 #define BRAID_CHECK_GOTO(call, status, label)                                                  \
     do {                                                                                       \
         (status) = (call);                                                                     \
