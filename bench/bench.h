@@ -129,6 +129,10 @@ int bench_plot(const char *png_path, const char *const *csv_paths, int ncsv);
  * rank's BENCH_EXIT_* code. */
 int bench_run(braid_pg *pg, const bench_opts *opts);
 
+/* What to print for a failed braid call: braid_last_error(), which already
+ * starts with the status name, or the name alone when it is empty. */
+const char *bench_error_text(braid_status st);
+
 /* device.c: -g 1, CUDA device buffers through the driver API (dlopen).
  * Every function returns 0 / non-NULL on success, else the reason is in
  * bench_device_error(). */

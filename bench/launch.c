@@ -41,8 +41,8 @@ int bench_run_env(const bench_opts *opts)
     bench_config(opts, &cfg);
     braid_status st = braid_pg_init_env(&pg, &cfg);
     if (st != BRAID_OK) {
-        fprintf(stderr, "braid-bench: joining the group from the launcher environment failed: %s: %s\n",
-                braid_status_string(st), braid_last_error());
+        fprintf(stderr, "braid-bench: joining the group from the launcher environment failed: %s\n",
+                bench_error_text(st));
         return BENCH_EXIT_FAILED;
     }
     if (opts->nranks_given && opts->nranks != braid_pg_size(pg) && braid_pg_rank(pg) == 0)
@@ -64,8 +64,8 @@ static int child_main(const bench_opts *opts, int rank, const braid_unique_id_t 
     bench_config(opts, &cfg);
     braid_status st = braid_pg_init(&pg, rank, opts->nranks, id, &cfg);
     if (st != BRAID_OK) {
-        fprintf(stderr, "braid-bench: rank %d/%d: joining the group failed: %s: %s\n", rank, opts->nranks,
-                braid_status_string(st), braid_last_error());
+        fprintf(stderr, "braid-bench: rank %d/%d: joining the group failed: %s\n", rank, opts->nranks,
+                bench_error_text(st));
         return BENCH_EXIT_FAILED;
     }
     int rc = bench_run(pg, opts);
@@ -85,8 +85,7 @@ int bench_spawn_local(const bench_opts *opts)
     braid_unique_id_t id;
     braid_status st = braid_unique_id(&id);
     if (st != BRAID_OK) {
-        fprintf(stderr, "braid-bench: creating the unique id failed: %s: %s\n", braid_status_string(st),
-                braid_last_error());
+        fprintf(stderr, "braid-bench: creating the unique id failed: %s\n", bench_error_text(st));
         return BENCH_EXIT_FAILED;
     }
     pid_t *pids = calloc((size_t)n, sizeof(*pids));

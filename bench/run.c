@@ -31,10 +31,15 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+const char *bench_error_text(braid_status st)
+{
+    const char *text = braid_last_error();
+    return text[0] ? text : braid_status_string(st);
+}
+
 static int fail(const run_ctx *c, const char *what, braid_status st)
 {
-    fprintf(stderr, "braid-bench: rank %d/%d: %s failed: %s: %s\n", c->rank, c->nranks, what,
-            braid_status_string(st), braid_last_error());
+    fprintf(stderr, "braid-bench: rank %d/%d: %s failed: %s\n", c->rank, c->nranks, what, bench_error_text(st));
     return -1;
 }
 

@@ -156,6 +156,11 @@ local_tests() {
   "$bench" allreduce -g 2 >/dev/null 2>"$tmp/e5"; rc=$?
   [ $rc = 2 ] && grep -q "invalid gpu count '2'" "$tmp/e5" || fail "-g 2 must exit 2 with a reason (got $rc)"
   "$bench" --help >/dev/null || fail "--help must exit 0"
+  # A failed braid call is printed once, its status name once.
+  BRAID_TRANSPORT=carrier-pigeon "$bench" allreduce -N 2 -b 1K -e 1K -n 1 >/dev/null 2>"$tmp/e6"; rc=$?
+  [ $rc = 3 ] && grep -q 'joining the group failed: BRAID_ERR_' "$tmp/e6" &&
+    ! grep -Eq 'BRAID_ERR_[A-Z_]+: BRAID_ERR_' "$tmp/e6" && ! grep -q 'WARN.*none of the requested' "$tmp/e6" ||
+    fail "a failed join must print its status once, no WARN copy (got $rc: $(head -c 400 "$tmp/e6"))"
   # -g 1: device buffers where there is a GPU (verified), else exit 2 with
   # the reason from every rank, never a crash.
   timeout 300 "$bench" allreduce -N 2 -g 1 -b 1K -e 32M -f 8 -n 2 -w 1 -c 1 -d float -o sum \
