@@ -159,6 +159,10 @@ BRAID_API int braid_pg_size(const braid_pg *pg);
 BRAID_API int braid_pg_local_rank(const braid_pg *pg);
 BRAID_API int braid_pg_local_size(const braid_pg *pg);
 
+/** Name of the transport this rank uses to reach peer ("shm", "tcp",
+ *  "verbs"; "self" for its own rank), NULL for a bad argument. */
+BRAID_API const char *braid_pg_peer_transport(const braid_pg *pg, int peer);
+
 /** First error that broke the group (BRAID_OK while healthy). */
 BRAID_API braid_status braid_pg_error(const braid_pg *pg);
 

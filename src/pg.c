@@ -515,6 +515,19 @@ BRAID_API int braid_pg_local_size(const braid_pg *pg)
     return pg ? pg->local_size : -1;
 }
 
+BRAID_API const char *braid_pg_peer_transport(const braid_pg *pg, int peer)
+{
+    if (!pg || peer < 0 || peer >= pg->size)
+        return NULL;
+    if (peer == pg->rank)
+        return "self";
+    /* exchange_local left a same-host address only where both ends use the
+     * local transport. */
+    if (pg->local_transport && pg->local_addr[peer][0] != '\0')
+        return pg->local_transport->name;
+    return pg->transport->name;
+}
+
 BRAID_API braid_status braid_pg_error(const braid_pg *pg)
 {
     return pg ? (braid_status)atomic_load(&pg->error) : BRAID_ERR_INVALID_ARG;
