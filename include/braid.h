@@ -126,8 +126,10 @@ BRAID_API int braid_version(void);
 
 /** Create a unique id on rank 0: binds the rendezvous port now (so that the
  *  id stays valid across fork) and draws a random job secret.
- *  The address comes from BRAID_SOCKET_IFNAME, else the first non-loopback
- *  interface, else 127.0.0.1; BRAID_STORE_ADDR=host:port overrides it. */
+ *  The address is 127.0.0.1 (a job on one host) unless BRAID_SOCKET_IFNAME
+ *  names an interface, whose address it takes; set that for ranks on other
+ *  hosts. The port is a free one the kernel picks. BRAID_STORE_ADDR=host:port
+ *  overrides both (it is then bound by rank 0 at braid_pg_init). */
 BRAID_API braid_status braid_unique_id(braid_unique_id_t *id);
 
 /** Join a process group of `size` ranks as `rank`. Blocks until every rank
@@ -137,8 +139,12 @@ BRAID_API braid_status braid_pg_init(braid_pg **pg, int rank, int size, const br
 
 /** Join using the launcher's environment: torchrun (RANK, WORLD_SIZE,
  *  MASTER_ADDR, MASTER_PORT), Open MPI (OMPI_COMM_WORLD_RANK/SIZE) or Slurm
- *  (SLURM_PROCID/SLURM_NTASKS), with MASTER_ADDR/MASTER_PORT giving rank 0's
- *  store. The job secret is BRAID_JOB_SECRET when set (32 hex digits), else
+ *  (SLURM_PROCID/SLURM_NTASKS). MASTER_ADDR names rank 0's host; mpirun and
+ *  srun do not set it (nor MASTER_PORT): export both on every rank. braid's
+ *  store listens on MASTER_PORT+1 (torchrun's own store holds MASTER_PORT;
+ *  MASTER_PORT defaults to 29500), or on BRAID_STORE_PORT when set. Rank 0
+ *  waits up to BRAID_INIT_TIMEOUT_MS for the others, logging the missing
+ *  ranks. The job secret is BRAID_JOB_SECRET when set (32 hex digits), else
  *  derived from the launch variables (authenticates against strays, not
  *  against an attacker who can read the environment). */
 BRAID_API braid_status braid_pg_init_env(braid_pg **pg, const braid_config *cfg);
