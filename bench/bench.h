@@ -15,6 +15,10 @@
 
 typedef enum { BENCH_ALLREDUCE = 1, BENCH_BROADCAST } bench_coll;
 
+/* Where the buffers live: device memory when a GPU can be used (nccl-tests
+ * only has GPU buffers), else host memory; or forced. */
+enum { BENCH_BUF_AUTO = 0, BENCH_BUF_HOST, BENCH_BUF_DEVICE };
+
 /* Exit codes. A rank that saw wrong results still finishes the table, so
  * only BENCH_EXIT_FAILED makes the local launcher stop the other ranks. */
 enum {
@@ -32,21 +36,28 @@ typedef struct {
     size_t step_bytes;   /* -i: additive step, used when step_factor <= 1 */
     size_t step_factor;  /* -f: multiplicative step */
     int iters, warmup_iters;
-    int check;           /* -c: 0 off, 1 verify every size */
+    int agg_iters;       /* -m: collectives per iteration, in one braid group */
+    int run_cycles;      /* -N: sweeps over the sizes; 0 repeats until stopped */
+    int check;           /* -c: verifications per size (0: none) */
     int ntypes;
     braid_dtype types[BENCH_MAX_TYPES];
     int nops;
     braid_op ops[BENCH_MAX_OPS];
     int root;
-    int nranks;          /* -N: local ranks to spawn without a launcher */
-    int nranks_given;    /* -N appeared on the command line */
+    int nthreads, ngpus; /* -t, -g: ranks per process = nthreads * ngpus */
+    int per_process_given; /* -t or -g appeared on the command line */
+    int nranks;          /* --nranks: local ranks to spawn without a launcher */
+    int nranks_given;    /* --nranks appeared on the command line */
+    int blocking;        /* -z: 0 issue every iteration, then wait; 1 wait for each */
+    int report_cputime;  /* -C: report the time to issue the calls */
     braid_algo algo;
     int average;     /* -a as nccl-tests: 0 rank 0's time, 1 mean, 2 min, 3 max over ranks (default 3) */
     int timeout_s;       /* -T: 0 keeps the library default */
     const char *csv_path;
     const char *plot_path;
     const char *label;   /* series name in csv and plot; NULL: derived */
-    int gpu;             /* -g 1: CUDA device buffers, one GPU per rank */
+    int buffers;         /* --buffers: BENCH_BUF_* */
+    int gpu;             /* set by bench_run: this rank uses CUDA device buffers */
 } bench_opts;
 
 /* One timed measurement (one half of a table row). */
@@ -107,6 +118,8 @@ typedef struct {
     int64_t pid;
     char host[64];
     char cpu[48];
+    char memory[8];      /* "host" or "device" */
+    char transport[24];  /* to its peers: "shm", "tcp", "shm+tcp", ... */
 } bench_rank_info;
 
 int bench_report_open(bench_report *rep, const bench_opts *opts);
@@ -129,7 +142,11 @@ int bench_plot(const char *png_path, const char *const *csv_paths, int ncsv);
  * rank's BENCH_EXIT_* code. */
 int bench_run(braid_pg *pg, const bench_opts *opts);
 
-/* device.c: -g 1, CUDA device buffers through the driver API (dlopen).
+/* What to print for a failed braid call: braid_last_error(), which already
+ * starts with the status name, or the name alone when it is empty. */
+const char *bench_error_text(braid_status st);
+
+/* device.c: CUDA device buffers through the driver API (dlopen).
  * Every function returns 0 / non-NULL on success, else the reason is in
  * bench_device_error(). */
 int bench_device_init(int local_rank, int *device, char *name, size_t name_len);
@@ -142,8 +159,10 @@ int bench_device_get(void *dst, const void *src, size_t bytes); /* device -> hos
 /* launch.c */
 /* 1 when torchrun, mpirun or srun set up this process. */
 int bench_have_launcher_env(void);
-/* Spawn opts->nranks local ranks by fork and wait for them. */
+/* Spawn the local ranks (--nranks, -t x -g, or 4) by fork and wait for them. */
 int bench_spawn_local(const bench_opts *opts);
+/* Ranks to fork without a launcher. */
+int bench_local_ranks(const bench_opts *opts);
 /* Join through the launcher's environment and run. */
 int bench_run_env(const bench_opts *opts);
 /* Config for braid_pg_init*, from the options. */

@@ -1,7 +1,8 @@
-/* Command line of braid-bench. Letters, long names and defaults follow
- * nccl-tests (all_reduce_perf, broadcast_perf) so existing scripts carry
- * over; -N, -a with an algorithm name, --csv, --plot and --label are
- * braid's own. */
+/* Command line of braid-bench. Letters, long names, meanings and defaults
+ * follow nccl-tests (src/common.cu of all_reduce_perf, broadcast_perf) so
+ * existing scripts carry over; the options that cannot apply to braid say
+ * why when given a value other than their default. --nranks, --algo,
+ * --buffers, --csv, --plot and --label are braid's own. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,31 +14,45 @@
 static void usage(FILE *out, const char *prog)
 {
     fprintf(out,
-            "usage: %s allreduce|broadcast [options]\n"
+            "usage: %s [allreduce|broadcast] [options]      (default: allreduce)\n"
+            "nccl-tests options, same letters and meanings:\n"
+            "  -t, --nthreads N          ranks per process (nccl-tests' threads); with -g, N x G ranks\n"
+            "  -g, --ngpus N             ranks (GPUs) per thread: ranks per process = -t x -g\n"
             "  -b, --minbytes SIZE       smallest message (K/M/G suffixes; default 32M)\n"
             "  -e, --maxbytes SIZE       largest message (default 32M)\n"
             "  -f, --stepfactor N        multiply the size by N each step\n"
             "  -i, --stepbytes SIZE      else add SIZE each step (default 1M)\n"
             "  -n, --iters N             timed iterations per size (default 20)\n"
+            "  -m, --agg_iters N         collectives per iteration, issued as one group (default 1)\n"
             "  -w, --warmup_iters N      warm-up iterations (default 5)\n"
-            "  -c, --check 0|1           verify results and count #wrong (default 1)\n"
+            "  -N, --run_cycles N        sweep the sizes N times, printing each (0: until stopped; default 1)\n"
+            "  -c, --check N             verify each size N times and count #wrong (0: off; default 1)\n"
             "  -d, --datatype TYPE       float double half bfloat16 int8 uint8 int32 int64 | all\n"
             "  -o, --op OP               sum prod min max avg | all (all-reduce)\n"
             "  -r, --root N              broadcast root (default 0)\n"
-            "  -N, --nranks N            local ranks to spawn when no launcher is found (default 4)\n"
+            "  -z, --blocking 0|1        0: issue every iteration, then wait (default); 1: wait for each\n"
+            "  -C, --report_cputime 0|1  1: report the time to issue the calls, not to complete them\n"
             "  -a, --average 0|1|2|3     time reported: rank 0's, mean, min or max over ranks (default 3:\n"
             "                            the slowest rank; nccl-tests defaults to 1)\n"
-            "  -a ALGO, --algo ALGO      auto ring rd hier: collective algorithm (default auto)\n"
             "  -T, --timeout SEC         group timeout for every blocking wait\n"
+            "  -p, --parallel_init 0|1   accepted: each rank is its own process, so ranks always start in\n"
+            "                            parallel\n"
+            "  -y, --stream_null 0|1     accepted: braid-bench always passes the default stream\n"
+            "  -G, --cudagraph 0         only 0: braid's collectives cannot be captured in CUDA graphs\n"
+            "  -R, --local_register 0    only 0: braid has no user buffer registration (verbs registers\n"
+            "                            buffers itself, through a cache)\n"
+            "braid's own:\n"
+            "      --nranks N            local ranks to fork without a launcher (default: -t x -g when\n"
+            "                            given, else 4)\n"
+            "      --algo ALGO           auto ring rd hier: collective algorithm (default auto; -a ALGO too)\n"
+            "      --buffers WHERE       auto (device memory when a GPU is usable, else host), host, device\n"
             "      --csv FILE            append rows to FILE (written with a header when new)\n"
             "      --plot FILE.png       plot busbw vs size (gnuplot) of this run, or of --csv FILE\n"
             "      --label NAME          series name in the csv and the plot\n"
-            "  -g, --ngpus 0|1           1: CUDA device buffers, one GPU per rank (local rank modulo the\n"
-            "                            visible devices; ranks may share one); 0: host memory (default)\n"
-            "  -t 1                      accepted for nccl-tests compatibility (one rank per process)\n"
             "Under torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), mpirun (OMPI_COMM_WORLD_*)\n"
-            "or srun (SLURM_PROCID, SLURM_NTASKS) each process is one rank; otherwise -N local ranks\n"
-            "are forked on this host. Rank 0 prints the nccl-tests table.\n",
+            "or srun (SLURM_PROCID, SLURM_NTASKS) each process runs -t x -g ranks (default 1);\n"
+            "otherwise the ranks are forked on this host. Rank 0 prints the nccl-tests table, after a\n"
+            "line naming each rank's memory and transport.\n",
             prog);
 }
 
@@ -157,44 +172,80 @@ static int parse_coll(const char *text, bench_coll *coll)
     return 0;
 }
 
-enum { OPT_CSV = 1000, OPT_PLOT, OPT_LABEL, OPT_ALGO };
+enum { OPT_CSV = 1000, OPT_PLOT, OPT_LABEL, OPT_ALGO, OPT_NRANKS, OPT_BUFFERS };
+
+/* An nccl-tests option that cannot apply: its default is accepted, any
+ * other value is a usage error that says why. */
+static int only_default(const char *text, char letter, long def, const char *why)
+{
+    long v;
+    char *end;
+    v = strtol(text, &end, 0);
+    if (*text != '\0' && *end == '\0' && v == def)
+        return 0;
+    fprintf(stderr, "braid-bench: -%c %s is not supported: %s\n", letter, text, why);
+    return -1;
+}
+
+static int parse_buffers(const char *text, int *out)
+{
+    if (strcasecmp(text, "auto") == 0)
+        *out = BENCH_BUF_AUTO;
+    else if (strcasecmp(text, "host") == 0)
+        *out = BENCH_BUF_HOST;
+    else if (strcasecmp(text, "device") == 0)
+        *out = BENCH_BUF_DEVICE;
+    else {
+        fprintf(stderr, "braid-bench: unknown --buffers '%s' (auto host device)\n", text);
+        return -1;
+    }
+    return 0;
+}
 
 int bench_parse_args(int argc, char **argv, bench_opts *o)
 {
     static const struct option longopts[] = {
-        {"minbytes", required_argument, 0, 'b'},   {"maxbytes", required_argument, 0, 'e'},
-        {"stepbytes", required_argument, 0, 'i'},  {"stepfactor", required_argument, 0, 'f'},
-        {"iters", required_argument, 0, 'n'},      {"warmup_iters", required_argument, 0, 'w'},
-        {"check", required_argument, 0, 'c'},      {"op", required_argument, 0, 'o'},
-        {"datatype", required_argument, 0, 'd'},   {"root", required_argument, 0, 'r'},
-        {"nranks", required_argument, 0, 'N'},     {"algo", required_argument, 0, OPT_ALGO},
-        {"average", required_argument, 0, 'a'},
-        {"timeout", required_argument, 0, 'T'},    {"nthreads", required_argument, 0, 't'},
-        {"ngpus", required_argument, 0, 'g'},      {"csv", required_argument, 0, OPT_CSV},
-        {"plot", required_argument, 0, OPT_PLOT},  {"label", required_argument, 0, OPT_LABEL},
-        {"help", no_argument, 0, 'h'},             {0, 0, 0, 0},
+        {"nthreads", required_argument, 0, 't'},       {"ngpus", required_argument, 0, 'g'},
+        {"minbytes", required_argument, 0, 'b'},       {"maxbytes", required_argument, 0, 'e'},
+        {"stepbytes", required_argument, 0, 'i'},      {"stepfactor", required_argument, 0, 'f'},
+        {"iters", required_argument, 0, 'n'},          {"agg_iters", required_argument, 0, 'm'},
+        {"warmup_iters", required_argument, 0, 'w'},   {"run_cycles", required_argument, 0, 'N'},
+        {"parallel_init", required_argument, 0, 'p'},  {"check", required_argument, 0, 'c'},
+        {"op", required_argument, 0, 'o'},             {"datatype", required_argument, 0, 'd'},
+        {"root", required_argument, 0, 'r'},           {"blocking", required_argument, 0, 'z'},
+        {"stream_null", required_argument, 0, 'y'},    {"timeout", required_argument, 0, 'T'},
+        {"cudagraph", required_argument, 0, 'G'},      {"report_cputime", required_argument, 0, 'C'},
+        {"average", required_argument, 0, 'a'},        {"local_register", required_argument, 0, 'R'},
+        {"nranks", required_argument, 0, OPT_NRANKS},  {"algo", required_argument, 0, OPT_ALGO},
+        {"buffers", required_argument, 0, OPT_BUFFERS}, {"csv", required_argument, 0, OPT_CSV},
+        {"plot", required_argument, 0, OPT_PLOT},      {"label", required_argument, 0, OPT_LABEL},
+        {"help", no_argument, 0, 'h'},                 {0, 0, 0, 0},
     };
     const char *prog = "braid-bench";
     long v;
 
     memset(o, 0, sizeof(*o));
+    o->coll = BENCH_ALLREDUCE;
     o->min_bytes = o->max_bytes = 32u << 20;
     o->step_bytes = 1u << 20;
     o->step_factor = 1;
     o->iters = 20;
+    o->agg_iters = 1;
     o->warmup_iters = 5;
+    o->run_cycles = 1;
     o->check = 1;
     o->ntypes = 1;
     o->types[0] = BRAID_F32;
     o->nops = 1;
     o->ops[0] = BRAID_SUM;
+    o->nthreads = o->ngpus = 1;
     o->nranks = 4;
     o->algo = BRAID_ALGO_AUTO;
     o->average = 3;
 
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "b:e:i:f:n:w:c:o:d:r:N:a:T:t:g:h", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "t:g:b:e:i:f:n:m:w:N:p:c:o:d:r:z:y:T:G:C:a:R:h", longopts, NULL)) != -1) {
         switch (c) {
         case 'b':
         case 'e':
@@ -222,13 +273,23 @@ int bench_parse_args(int argc, char **argv, bench_opts *o)
                 return -1;
             o->iters = (int)v;
             break;
+        case 'm':
+            if (parse_int(optarg, "aggregated iteration count", 1, 1024, &v))
+                return -1;
+            o->agg_iters = (int)v;
+            break;
         case 'w':
             if (parse_int(optarg, "warm-up count", 0, 1 << 30, &v))
                 return -1;
             o->warmup_iters = (int)v;
             break;
+        case 'N':
+            if (parse_int(optarg, "run cycle count", 0, 1 << 30, &v))
+                return -1;
+            o->run_cycles = (int)v;
+            break;
         case 'c':
-            if (parse_int(optarg, "check flag", 0, 1, &v))
+            if (parse_int(optarg, "check count", 0, 1 << 20, &v))
                 return -1;
             o->check = (int)v;
             break;
@@ -245,7 +306,42 @@ int bench_parse_args(int argc, char **argv, bench_opts *o)
                 return -1;
             o->root = (int)v;
             break;
-        case 'N':
+        case 'z':
+            /* nccl-tests' 2 and 3 differ from 0 only in where CUDA events
+             * and barriers go; braid-bench times on the host. */
+            if (strcmp(optarg, "2") == 0 || strcmp(optarg, "3") == 0) {
+                fprintf(stderr, "braid-bench: -z %s is not supported: modes 2 and 3 place CUDA events and barriers, "
+                                "and braid-bench times on the host (use 0 or 1)\n", optarg);
+                return -1;
+            }
+            if (parse_int(optarg, "blocking mode", 0, 1, &v))
+                return -1;
+            o->blocking = (int)v;
+            break;
+        case 'C':
+            if (parse_int(optarg, "report_cputime flag", 0, 1, &v))
+                return -1;
+            o->report_cputime = (int)v;
+            break;
+        case 'p':
+            if (parse_int(optarg, "parallel_init flag", 0, 1, &v))
+                return -1;
+            break;
+        case 'y':
+            if (parse_int(optarg, "stream_null flag", 0, 1, &v))
+                return -1;
+            break;
+        case 'G':
+            if (only_default(optarg, 'G', 0, "braid's collectives cannot be captured in CUDA graphs"))
+                return -1;
+            break;
+        case 'R':
+            if (only_default(optarg, 'R', 0,
+                             "braid has no user buffer registration (verbs registers buffers itself, through a "
+                             "cache)"))
+                return -1;
+            break;
+        case OPT_NRANKS:
             if (parse_int(optarg, "rank count", 1, 1024, &v))
                 return -1;
             o->nranks = (int)v;
@@ -270,16 +366,18 @@ int bench_parse_args(int argc, char **argv, bench_opts *o)
             o->timeout_s = (int)v;
             break;
         case 't':
-            /* One rank per process, one process per rank: only 1 makes sense. */
-            if (parse_int(optarg, "thread count", 1, 1, &v))
-                return -1;
-            break;
         case 'g':
-            /* One GPU per rank at most (nccl-tests' -g counts GPUs per
-             * thread); 0 keeps host buffers. */
-            if (parse_int(optarg, "gpu count", 0, 1, &v))
+            if (parse_int(optarg, c == 't' ? "thread count" : "gpu count", 1, 1024, &v))
                 return -1;
-            o->gpu = (int)v;
+            if (c == 't')
+                o->nthreads = (int)v;
+            else
+                o->ngpus = (int)v;
+            o->per_process_given = 1;
+            break;
+        case OPT_BUFFERS:
+            if (parse_buffers(optarg, &o->buffers))
+                return -1;
             break;
         case OPT_CSV:
             o->csv_path = optarg;
@@ -298,16 +396,17 @@ int bench_parse_args(int argc, char **argv, bench_opts *o)
             return -1;
         }
     }
-    if (optind >= argc || parse_coll(argv[optind], &o->coll) != 0) {
-        if (optind < argc)
-            fprintf(stderr, "braid-bench: unknown collective '%s'\n", argv[optind]);
-        else
-            fprintf(stderr, "braid-bench: name a collective: allreduce or broadcast\n");
+    if (optind < argc && parse_coll(argv[optind], &o->coll) != 0) {
+        fprintf(stderr, "braid-bench: unknown collective '%s' (allreduce or broadcast)\n", argv[optind]);
         usage(stderr, prog);
         return -1;
     }
     if (optind + 1 < argc) {
         fprintf(stderr, "braid-bench: unexpected argument '%s'\n", argv[optind + 1]);
+        return -1;
+    }
+    if ((long)o->nthreads * o->ngpus > 1024) {
+        fprintf(stderr, "braid-bench: -t %d x -g %d is more than 1024 ranks per process\n", o->nthreads, o->ngpus);
         return -1;
     }
     if (o->min_bytes > o->max_bytes) {

@@ -57,13 +57,34 @@ int bench_report_open(bench_report *rep, const bench_opts *opts)
     return 0;
 }
 
+/* One line: each rank's memory and transport, runs of alike ranks merged:
+ * "# braid: ranks 0-3 host memory, shm". */
+static void memory_line(const bench_rank_info *infos, int nranks)
+{
+    printf("# braid:");
+    for (int r = 0; r < nranks;) {
+        int e = r;
+        while (e + 1 < nranks && strcmp(infos[e + 1].memory, infos[r].memory) == 0 &&
+               strcmp(infos[e + 1].transport, infos[r].transport) == 0)
+            e++;
+        if (e > r)
+            printf("%s ranks %d-%d %s memory, %s", r ? ";" : "", r, e, infos[r].memory, infos[r].transport);
+        else
+            printf("%s rank %d %s memory, %s", r ? ";" : "", r, infos[r].memory, infos[r].transport);
+        r = e + 1;
+    }
+    printf("\n");
+}
+
 void bench_report_header(const bench_opts *o, const bench_rank_info *infos, int nranks)
 {
+    /* braid's own line first: what nccl-tests users cannot assume here. */
+    memory_line(infos, nranks);
     printf("# nThread %d nGpus %d minBytes %ld maxBytes %ld step: %ld(%s) warmup iters: %d iters: %d agg iters: "
            "%d validation: %d graph: %d\n",
-           1, 1, (long)o->min_bytes, (long)o->max_bytes,
+           o->nthreads, o->ngpus, (long)o->min_bytes, (long)o->max_bytes,
            (long)(o->step_factor > 1 ? o->step_factor : o->step_bytes), o->step_factor > 1 ? "factor" : "bytes",
-           o->warmup_iters, o->iters, 1, o->check, 0);
+           o->warmup_iters, o->iters, o->agg_iters, o->check, 0);
     printf("#\n");
     printf("# Using devices\n");
     for (int r = 0; r < nranks; r++) {

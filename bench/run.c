@@ -31,10 +31,15 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+const char *bench_error_text(braid_status st)
+{
+    const char *text = braid_last_error();
+    return text[0] ? text : braid_status_string(st);
+}
+
 static int fail(const run_ctx *c, const char *what, braid_status st)
 {
-    fprintf(stderr, "braid-bench: rank %d/%d: %s failed: %s: %s\n", c->rank, c->nranks, what,
-            braid_status_string(st), braid_last_error());
+    fprintf(stderr, "braid-bench: rank %d/%d: %s failed: %s\n", c->rank, c->nranks, what, bench_error_text(st));
     return -1;
 }
 
@@ -65,16 +70,17 @@ static void coll_buffers(const run_ctx *c, int in_place, const void **send, void
     }
 }
 
-static int coll_once(run_ctx *c, size_t count, braid_dtype dtype, braid_op op, int in_place)
+/* Issue one collective; work NULL blocks until it is done. */
+static int coll_issue(run_ctx *c, size_t count, braid_dtype dtype, braid_op op, int in_place, braid_work **work)
 {
     const void *send;
     void *recv;
     braid_status st;
     coll_buffers(c, in_place, &send, &recv);
     if (c->o->coll == BENCH_ALLREDUCE)
-        st = braid_allreduce(c->pg, send, recv, count, dtype, op, NULL, NULL);
+        st = braid_allreduce(c->pg, send, recv, count, dtype, op, NULL, work);
     else
-        st = braid_broadcast(c->pg, recv, count, dtype, c->o->root, NULL, NULL);
+        st = braid_broadcast(c->pg, recv, count, dtype, c->o->root, NULL, work);
     if (st != BRAID_OK) {
         char what[160];
         if (c->o->coll == BENCH_ALLREDUCE)
@@ -86,6 +92,51 @@ static int coll_once(run_ctx *c, size_t count, braid_dtype dtype, braid_op op, i
         return fail(c, what, st);
     }
     return 0;
+}
+
+static int coll_once(run_ctx *c, size_t count, braid_dtype dtype, braid_op op, int in_place)
+{
+    return coll_issue(c, count, dtype, op, in_place, NULL);
+}
+
+/* One iteration of the timed loop: -m collectives, as one braid group
+ * when more than one (nccl-tests' ncclGroupStart/End around -m calls).
+ * With -z 0 it returns a work handle to wait on later; with -z 1 it has
+ * waited already. */
+static int iteration(run_ctx *c, size_t count, braid_dtype dtype, braid_op op, int in_place, braid_work **work)
+{
+    const bench_opts *o = c->o;
+    braid_work **w = o->blocking ? NULL : work;
+    if (o->agg_iters == 1)
+        return coll_issue(c, count, dtype, op, in_place, w);
+    braid_status st = braid_group_start(c->pg);
+    if (st != BRAID_OK)
+        return fail(c, "group start", st);
+    for (int a = 0; a < o->agg_iters; a++) {
+        if (coll_issue(c, count, dtype, op, in_place, NULL)) {
+            (void)braid_group_end(c->pg, NULL);
+            return -1;
+        }
+    }
+    st = braid_group_end(c->pg, w);
+    return st == BRAID_OK ? 0 : fail(c, "group end", st);
+}
+
+/* Wait for and free the handles of an -z 0 loop; all of them, also after
+ * a failure. */
+static int wait_all(run_ctx *c, braid_work **works, int n)
+{
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        if (!works[i])
+            continue;
+        braid_status st = braid_wait(works[i], -1);
+        if (st != BRAID_OK && rc == 0)
+            rc = fail(c, "wait", st);
+        braid_work_free(works[i]);
+        works[i] = NULL;
+    }
+    return rc;
 }
 
 /* Host memory standing for buf (one of c->send, c->recv): itself, or its
@@ -182,12 +233,25 @@ static int bench_time(run_ctx *c, size_t count, braid_dtype dtype, braid_op op, 
 
     if (coll_once(c, count, dtype, op, in_place) || barrier(c))
         return -1;
-    double t0 = now_s();
-    for (int i = 0; i < o->iters; i++) {
-        if (coll_once(c, count, dtype, op, in_place))
-            return -1;
+    braid_work **works = NULL;
+    if (!o->blocking && !(works = calloc((size_t)o->iters, sizeof(*works)))) {
+        fprintf(stderr, "braid-bench: rank %d: out of memory for %d work handles\n", c->rank, o->iters);
+        return -1;
     }
-    double dt = (now_s() - t0) / o->iters;
+    double t0 = now_s(), t_issued;
+    int rc = 0;
+    for (int i = 0; i < o->iters && rc == 0; i++)
+        rc = iteration(c, count, dtype, op, in_place, works ? &works[i] : NULL);
+    t_issued = now_s();
+    if (works) {
+        rc |= wait_all(c, works, o->iters);
+        free(works);
+    }
+    if (rc)
+        return -1;
+    /* nccl-tests divides by iters x agg_iters: the time per collective.
+     * -C reports the time to issue them instead of to complete them. */
+    double dt = ((o->report_cputime ? t_issued : now_s()) - t0) / o->iters / o->agg_iters;
     /* nccl-tests' -a: 0 reports rank 0's own time (the only one printed). */
     static const braid_op time_ops[] = {BRAID_SUM, BRAID_AVG, BRAID_MIN, BRAID_MAX};
     if (o->average != 0 && reduce_scalar(c, &dt, BRAID_F64, time_ops[o->average], "time all-reduce"))
@@ -199,11 +263,16 @@ static int bench_time(run_ctx *c, size_t count, braid_dtype dtype, braid_op op, 
     /* nccl-tests' bus bandwidth: what each rank's link carries. */
     res->busbw = o->coll == BENCH_ALLREDUCE ? res->algbw * 2.0 * (c->nranks - 1) / c->nranks : res->algbw;
     res->wrong = -1;
-    if (o->check) {
+    /* -c N: up to N verifications with fresh data, stopping at the first
+     * with wrong elements, as nccl-tests does. */
+    for (int k = 0; k < o->check; k++) {
         if (verify(c, count, dtype, op, in_place, &res->wrong))
             return -1;
-        c->wrong_total += res->wrong;
+        if (res->wrong)
+            break;
     }
+    if (o->check)
+        c->wrong_total += res->wrong;
     return 0;
 }
 
@@ -217,11 +286,10 @@ static int warmup(run_ctx *c, size_t bytes, braid_dtype dtype, braid_op op)
     return 0;
 }
 
-static int time_test(run_ctx *c, bench_report *rep, braid_dtype dtype, braid_op op)
+/* One sweep over the sizes: a table row each. */
+static int sweep(run_ctx *c, bench_report *rep, braid_dtype dtype, braid_op op)
 {
     const bench_opts *o = c->o;
-    if (barrier(c) || warmup(c, o->max_bytes, dtype, op) || warmup(c, o->min_bytes, dtype, op))
-        return -1;
     size_t esize = braid_dtype_size(dtype);
     for (size_t size = o->min_bytes; size <= o->max_bytes;) {
         size_t count = size / esize;
@@ -238,6 +306,20 @@ static int time_test(run_ctx *c, bench_report *rep, braid_dtype dtype, braid_op 
             break; /* overflow, or a zero step at max */
         size = next;
     }
+    return 0;
+}
+
+static int time_test(run_ctx *c, bench_report *rep, braid_dtype dtype, braid_op op)
+{
+    const bench_opts *o = c->o;
+    if (barrier(c) || warmup(c, o->max_bytes, dtype, op) || warmup(c, o->min_bytes, dtype, op))
+        return -1;
+    /* -N: sweeps over the sizes; 0 never stops (the count goes negative). */
+    long cycles = o->run_cycles;
+    do {
+        if (sweep(c, rep, dtype, op))
+            return -1;
+    } while (--cycles != 0);
     return 0;
 }
 
@@ -266,6 +348,27 @@ static void host_info(bench_rank_info *info)
     fclose(f);
 }
 
+/* Which memory this rank's buffers are in, and the transports it uses to
+ * its peers ("shm", "shm+tcp"), in order of first use by peer. */
+static void memory_and_transport(const run_ctx *c, bench_rank_info *info)
+{
+    snprintf(info->memory, sizeof(info->memory), "%s", c->o->gpu ? "device" : "host");
+    size_t o = 0;
+    for (int p = 0; p < c->nranks; p++) {
+        const char *t = braid_pg_peer_transport(c->pg, p);
+        if (p == c->rank || !t)
+            continue;
+        size_t n = strlen(t);
+        int seen = 0;
+        for (const char *q = info->transport; (q = strstr(q, t)) != NULL; q += n)
+            seen |= (q == info->transport || q[-1] == '+') && (q[n] == '\0' || q[n] == '+');
+        if (!seen && o + n + 2 < sizeof(info->transport))
+            o += (size_t)snprintf(info->transport + o, sizeof(info->transport) - o, "%s%s", o ? "+" : "", t);
+    }
+    if (o == 0)
+        snprintf(info->transport, sizeof(info->transport), "none");
+}
+
 /* Gather every rank's host description to all ranks: each rank writes its
  * own slot of a zeroed array and a bytewise MAX merges them. */
 static int gather_info(run_ctx *c, bench_rank_info **out)
@@ -276,6 +379,7 @@ static int gather_info(run_ctx *c, bench_rank_info **out)
         return -1;
     }
     host_info(&infos[c->rank]);
+    memory_and_transport(c, &infos[c->rank]);
     braid_status st = braid_allreduce(c->pg, infos, infos, (size_t)c->nranks * sizeof(*infos), BRAID_U8, BRAID_MAX,
                                       NULL, NULL);
     if (st != BRAID_OK) {
@@ -312,17 +416,27 @@ int bench_run(braid_pg *pg, const bench_opts *opts)
         c.send = c.hsend;
         c.recv = c.hrecv;
     }
-    if (opts->gpu && !setup_failed) {
+    /* Device buffers by default where a GPU is usable, as nccl-tests
+     * (which has no other kind); --buffers forces either. */
+    c.o = &local;
+    local.gpu = 0;
+    int try_device = opts->buffers == BENCH_BUF_DEVICE || (opts->buffers == BENCH_BUF_AUTO && BENCH_BRAID_CUDA);
+    if (try_device && !setup_failed) {
         int dev = -1;
         char name[128] = "";
         if (bench_device_init(braid_pg_local_rank(pg), &dev, name, sizeof(name)) != 0) {
-            fprintf(stderr, "braid-bench: rank %d: -g 1 needs a CUDA device: %s\n", c.rank, bench_device_error());
-            setup_failed = 1;
+            if (opts->buffers == BENCH_BUF_DEVICE) {
+                fprintf(stderr, "braid-bench: rank %d: --buffers device needs a CUDA device: %s\n", c.rank,
+                        bench_device_error());
+                setup_failed = 1;
+            }
         } else if (!(c.send = bench_device_alloc(cap)) || !(c.recv = bench_device_alloc(cap))) {
             fprintf(stderr, "braid-bench: rank %d: device buffers: %s\n", c.rank, bench_device_error());
             setup_failed = 1;
-        } else if (getenv("BRAID_BENCH_VERBOSE")) {
-            fprintf(stderr, "braid-bench: rank %d: CUDA device %d (%s)\n", c.rank, dev, name);
+        } else {
+            local.gpu = 1;
+            if (getenv("BRAID_BENCH_VERBOSE"))
+                fprintf(stderr, "braid-bench: rank %d: CUDA device %d (%s)\n", c.rank, dev, name);
         }
     }
 
@@ -357,7 +471,6 @@ int bench_run(braid_pg *pg, const bench_opts *opts)
         bench_report_header(&local, infos, c.nranks);
     free(infos);
 
-    c.o = &local;
     for (int t = 0; t < opts->ntypes; t++) {
         for (int k = 0; k < (opts->coll == BENCH_ALLREDUCE ? opts->nops : 1); k++) {
             if (time_test(&c, &rep, opts->types[t], opts->ops[k]))
@@ -378,12 +491,10 @@ out_free:
         fclose(rep.csv); /* still open only when the run failed */
     if (tmp_csv[0])
         unlink(tmp_csv);
-    if (opts->gpu) {
-        if (c.send != c.hsend)
-            bench_device_free(c.send);
-        if (c.recv != c.hrecv)
-            bench_device_free(c.recv);
-    }
+    if (c.send && c.send != c.hsend)
+        bench_device_free(c.send);
+    if (c.recv && c.recv != c.hrecv)
+        bench_device_free(c.recv);
     free(c.hsend);
     free(c.hrecv);
     return rc;

@@ -102,9 +102,12 @@ typedef struct {
     int checksum;            /**< CRC32C of every message between ranks, checked before use (a mismatch
                                   is BRAID_ERR_CORRUPT): 1 on, -1 off, 0: BRAID_CHECKSUM (default off).
                                   Every rank must agree; braid_pg_init fails otherwise */
+    int init_timeout_ms;     /**< how long braid_pg_init waits for every rank to reach rank 0's store;
+                                  0: BRAID_INIT_TIMEOUT_MS or 1800000 (30 min, torch's default
+                                  process-group timeout). Rank 0 logs the missing ranks meanwhile */
 } braid_config;
 
-#define BRAID_CONFIG_INIT { sizeof(braid_config), 0, 0, 0, BRAID_ALGO_AUTO, NULL, NULL, 0 }
+#define BRAID_CONFIG_INIT { sizeof(braid_config), 0, 0, 0, BRAID_ALGO_AUTO, NULL, NULL, 0, 0 }
 
 typedef struct braid_pg braid_pg;             /**< opaque process group */
 typedef struct braid_work braid_work;         /**< opaque async handle */
@@ -171,8 +174,10 @@ BRAID_API int braid_version(void);
 
 /** Create a unique id on rank 0: binds the rendezvous port now (so that the
  *  id stays valid across fork) and draws a random job secret.
- *  The address comes from BRAID_SOCKET_IFNAME, else the first non-loopback
- *  interface, else 127.0.0.1; BRAID_STORE_ADDR=host:port overrides it. */
+ *  The address is 127.0.0.1 (a job on one host) unless BRAID_SOCKET_IFNAME
+ *  names an interface, whose address it takes; set that for ranks on other
+ *  hosts. The port is a free one the kernel picks. BRAID_STORE_ADDR=host:port
+ *  overrides both (it is then bound by rank 0 at braid_pg_init). */
 BRAID_API braid_status braid_unique_id(braid_unique_id_t *id);
 
 /** Join a process group of `size` ranks as `rank`. Blocks until every rank
@@ -182,8 +187,12 @@ BRAID_API braid_status braid_pg_init(braid_pg **pg, int rank, int size, const br
 
 /** Join using the launcher's environment: torchrun (RANK, WORLD_SIZE,
  *  MASTER_ADDR, MASTER_PORT), Open MPI (OMPI_COMM_WORLD_RANK/SIZE) or Slurm
- *  (SLURM_PROCID/SLURM_NTASKS), with MASTER_ADDR/MASTER_PORT giving rank 0's
- *  store. The job secret is BRAID_JOB_SECRET when set (32 hex digits), else
+ *  (SLURM_PROCID/SLURM_NTASKS). MASTER_ADDR names rank 0's host; mpirun and
+ *  srun do not set it (nor MASTER_PORT): export both on every rank. braid's
+ *  store listens on MASTER_PORT+1 (torchrun's own store holds MASTER_PORT;
+ *  MASTER_PORT defaults to 29500), or on BRAID_STORE_PORT when set. Rank 0
+ *  waits up to BRAID_INIT_TIMEOUT_MS for the others, logging the missing
+ *  ranks. The job secret is BRAID_JOB_SECRET when set (32 hex digits), else
  *  derived from the launch variables under the user's private key file
  *  (BRAID_KEY_FILE, default ~/.config/braid/job.key, made on first use), so
  *  no other user can compute it; without a usable key file, from the launch
@@ -209,6 +218,10 @@ BRAID_API int braid_pg_size(const braid_pg *pg);
  * braid_pg_init_env, else its position in rank order. Use it to pick a GPU. */
 BRAID_API int braid_pg_local_rank(const braid_pg *pg);
 BRAID_API int braid_pg_local_size(const braid_pg *pg);
+
+/** Name of the transport this rank uses to reach peer ("shm", "tcp",
+ *  "verbs"; "self" for its own rank), NULL for a bad argument. */
+BRAID_API const char *braid_pg_peer_transport(const braid_pg *pg, int peer);
 
 /** First error that broke the group (BRAID_OK while healthy). */
 BRAID_API braid_status braid_pg_error(const braid_pg *pg);

@@ -173,15 +173,6 @@ static braid_status assign_buckets(braid_bucketer *b)
     return BRAID_OK;
 }
 
-static const char *dtype_name(braid_dtype t)
-{
-    static const char *const names[BRAID_DTYPE_COUNT] = {
-        [BRAID_F32] = "f32", [BRAID_F64] = "f64", [BRAID_F16] = "f16", [BRAID_BF16] = "bf16",
-        [BRAID_I8] = "i8",   [BRAID_U8] = "u8",   [BRAID_I32] = "i32", [BRAID_I64] = "i64",
-    };
-    return (unsigned)t < BRAID_DTYPE_COUNT && names[t] ? names[t] : "?";
-}
-
 /* FNV-1a over the 8 little-endian bytes of v: every byte goes through the
  * multiply in sequence, so the hash depends on order (a permutation of the
  * same values hashes differently, unlike a sum or xor of per-field mixes). */
@@ -257,7 +248,7 @@ static int describe_layout(char *out, size_t cap, const char *who, const int64_t
                     "layout hash %016llx",
                     who, (long long)sum[SUM_NPARAMS], (long long)sum[SUM_ELEMS], (long long)sum[SUM_NBUCKETS],
                     (long long)sum[SUM_FIRST_CAP], (long long)sum[SUM_CAP],
-                    sum[SUM_WIRE] == BRAID_F32 ? "uncompressed" : dtype_name((braid_dtype)sum[SUM_WIRE]),
+                    sum[SUM_WIRE] == BRAID_F32 ? "uncompressed" : braid__dtype_name((braid_dtype)sum[SUM_WIRE]),
                     (unsigned long long)sum[SUM_HASH]);
 }
 
@@ -292,11 +283,13 @@ static braid_status first_param_difference(braid_bucketer *b, int other, int64_t
         if (mine[2 * i] < 0)
             snprintf(a, sizeof(a), "none");
         else
-            snprintf(a, sizeof(a), "%lld x %s", (long long)mine[2 * i], dtype_name((braid_dtype)mine[2 * i + 1]));
+            snprintf(a, sizeof(a), "%lld x %s", (long long)mine[2 * i],
+                     braid__dtype_name((braid_dtype)mine[2 * i + 1]));
         if (theirs[2 * i] < 0)
             snprintf(c, sizeof(c), "none");
         else
-            snprintf(c, sizeof(c), "%lld x %s", (long long)theirs[2 * i], dtype_name((braid_dtype)theirs[2 * i + 1]));
+            snprintf(c, sizeof(c), "%lld x %s", (long long)theirs[2 * i],
+                     braid__dtype_name((braid_dtype)theirs[2 * i + 1]));
         snprintf(out, cap, "; first difference at param %lld: %s on rank %d, %s on rank %d", (long long)i, a, rank, c,
                  other);
         break;

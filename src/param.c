@@ -34,6 +34,11 @@ const braid_param_info braid__params[] = {
                                         "`%p` by the pid"),
     INT("BRAID_TIMEOUT_MS", CORE, 1, 24LL * 3600 * 1000, "300000",
         "limit of every blocking wait, in milliseconds (`braid_config.timeout_ms`)"),
+    INT("BRAID_INIT_TIMEOUT_MS", CORE, 1, 24LL * 3600 * 1000, "1800000",
+        "how long `braid_pg_init` waits for every rank to reach rank 0's store (`braid_config.init_timeout_ms`); "
+        "30 min is torch's default process-group timeout (`default_pg_timeout`, which its rendezvous waits too; "
+        "NCCL process groups default to 10 min). Meanwhile rank 0 logs the missing ranks (WARN, every 10 s); then "
+        "every rank fails naming them"),
     STR("BRAID_TRANSPORT", CORE, NULL,
         "comma-separated transports in order of preference, e.g. `tcp` or `verbs,tcp`; `shm` next to others "
         "serves same-host peers, alone every peer; `cuda_ipc` next to others allows device links (on by default "

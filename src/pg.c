@@ -16,6 +16,7 @@
 #include "log.h"
 #include "param.h"
 #include "pg.h"
+#include "pg_rendezvous.h"
 #include "pg_shrink.h"
 #include "status.h"
 #include "transport.h"
@@ -24,6 +25,9 @@
 #include "devlink.h"
 
 #define DEFAULT_TIMEOUT_MS 300000
+/* torch's default process-group timeout (default_pg_timeout, 30 min),
+ * which its rendezvous also waits: a job that torch would start, braid does. */
+#define DEFAULT_INIT_TIMEOUT_MS 1800000
 #define AUTO_NSOCKS 0 /* the transport picks per peer */
 #define STORE_DRAIN_MS 5000 /* longest rank 0 waits at destroy for others to leave its store */
 #define DEFAULT_CHUNK_BYTES (512 * 1024)
@@ -81,8 +85,17 @@ static braid_status apply_config(braid_pg *pg, const braid_config *cfg)
     long long nsocks = c.nsocks > 0 ? c.nsocks : braid__param_int("BRAID_NSOCKS", AUTO_NSOCKS);
     long long chunk = c.chunk_bytes > 0 ? (long long)c.chunk_bytes
                                         : braid__param_int("BRAID_CHUNK_BYTES", DEFAULT_CHUNK_BYTES);
+    int has_init_field = c.size >= offsetof(braid_config, init_timeout_ms) + sizeof(int);
+    if (has_init_field && c.init_timeout_ms < 0)
+        return braid__error(BRAID_ERR_INVALID_ARG, "braid_config.init_timeout_ms %d is negative (0: "
+                            "BRAID_INIT_TIMEOUT_MS or the default)", c.init_timeout_ms);
+    int has_init = has_init_field && c.init_timeout_ms > 0;
+    long long init_timeout = has_init ? c.init_timeout_ms
+                                      : braid__param_int("BRAID_INIT_TIMEOUT_MS", DEFAULT_INIT_TIMEOUT_MS);
     if (timeout <= 0 || timeout > 24LL * 3600 * 1000)
         return braid__error(BRAID_ERR_INVALID_ARG, "timeout %lld ms out of range", timeout);
+    if (init_timeout <= 0 || init_timeout > 24LL * 3600 * 1000)
+        return braid__error(BRAID_ERR_INVALID_ARG, "init timeout %lld ms out of range (1 ms to 24 h)", init_timeout);
     if (nsocks < 0 || nsocks > 16)
         return braid__error(BRAID_ERR_INVALID_ARG, "nsocks %lld out of range [1, 16] (0: automatic)", nsocks);
     if (chunk < 4096 || chunk > (1LL << 30))
@@ -90,6 +103,7 @@ static braid_status apply_config(braid_pg *pg, const braid_config *cfg)
     if ((unsigned)c.algo >= BRAID_ALGO_COUNT)
         return braid__error(BRAID_ERR_INVALID_ARG, "braid_config.algo %d is invalid", (int)c.algo);
     pg->timeout_ms = (int)timeout;
+    pg->init_timeout_ms = (int)init_timeout;
     pg->ctx.timeout_ms = (int)timeout;
     pg->ctx.nsocks = (int)nsocks;
     pg->chunk_bytes = (size_t)chunk & ~(size_t)63; /* whole cache lines: vector-friendly chunk edges */
@@ -394,28 +408,7 @@ static braid_status pg_join(braid_pg *pg, const braid_rendezvous *rv, const brai
     if (pg->wake_fd < 0)
         return braid__error(BRAID_ERR_SYSTEM, "rank %d: eventfd: %m", pg->rank);
 
-    /* What every member must agree on, compared in the store handshake so a
-     * rank started with another WORLD_SIZE (or checksum setting, job id,
-     * secret) is named at once on every rank. A shrunk group states none:
-     * its members come from one agreement. */
-    braid_job_params params = {.size = (uint32_t)pg->size,
-                               .source = rv->secret_source,
-                               .checksum = (uint8_t)(pg->checksum != 0),
-                               .secret_id = braid__secret_id(rv->secret)};
-    snprintf(params.job_id, sizeof(params.job_id), "%s", rv->job_id);
-    const braid_job_params *job = rv->secret_source != BRAID_SECRET_UNSTATED ? &params : NULL;
-    if (pg->rank == 0) {
-        int fd = braid__prebound_take(rv->port);
-        if (fd < 0) {
-            int port;
-            BRAID_CHECK(braid__sock_listen(rv->host, rv->port, &fd, &port));
-        }
-        BRAID_CHECK(braid__store_server_start_job(fd, rv->secret, job, &pg->store_server));
-    } else {
-        braid__prebound_release(rv->port);
-    }
-    BRAID_CHECK(
-        braid__store_connect_job(rv->host, rv->port, rv->secret, job, pg->rank, pg->timeout_ms, &pg->store));
+    BRAID_CHECK(braid__pg_rendezvous(pg, rv));
     BRAID_CHECK(agree_tag(pg));
     BRAID_CHECK(braid__checksum_announce(pg->store, pg->checksum)); /* before our address: see below */
 
@@ -599,6 +592,19 @@ BRAID_API int braid_pg_local_rank(const braid_pg *pg)
 BRAID_API int braid_pg_local_size(const braid_pg *pg)
 {
     return braid__pg_check_handle_quiet(pg) == BRAID_OK ? pg->local_size : -1;
+}
+
+BRAID_API const char *braid_pg_peer_transport(const braid_pg *pg, int peer)
+{
+    if (!pg || peer < 0 || peer >= pg->size)
+        return NULL;
+    if (peer == pg->rank)
+        return "self";
+    /* exchange_local left a same-host address only where both ends use the
+     * local transport. */
+    if (pg->local_transport && pg->local_addr[peer][0] != '\0')
+        return pg->local_transport->name;
+    return pg->transport->name;
 }
 
 BRAID_API braid_status braid_pg_error(const braid_pg *pg)

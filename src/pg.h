@@ -66,6 +66,7 @@ struct braid_pg {
     int local_size;
     braid_transport_ctx ctx;
     int timeout_ms;
+    int init_timeout_ms;        /* until every rank has reached the store (BRAID_INIT_TIMEOUT_MS) */
     size_t chunk_bytes;
     braid_algo algo;
     int checksum;               /* CRC32C every message (src/checksum.c); same on every rank */

@@ -685,6 +685,7 @@ BRAID_API braid_status braid_pg_shrink(braid_pg *pg, int timeout_ms, braid_pg **
     braid_config cfg = s->cfg;
     int left = braid__ms_until(deadline);
     cfg.timeout_ms = left > 0 ? left : 1;
+    cfg.init_timeout_ms = cfg.timeout_ms;
     braid_pg *np;
     st = braid__pg_create(&np, new_rank, count, &rv, &cfg);
     memset(rv.secret, 0, sizeof(rv.secret));
@@ -697,8 +698,10 @@ BRAID_API braid_status braid_pg_shrink(braid_pg *pg, int timeout_ms, braid_pg **
     }
     np->timeout_ms = pg->timeout_ms;
     np->ctx.timeout_ms = pg->ctx.timeout_ms;
-    if (np->shrink)
+    if (np->shrink) {
         np->shrink->cfg.timeout_ms = s->cfg.timeout_ms;
+        np->shrink->cfg.init_timeout_ms = s->cfg.init_timeout_ms;
+    }
     BRAID_INFO("rank %d: shrink: now rank %d of %d (coordinator: old rank %d) after %lld ms", pg->rank, new_rank, count,
                coord, (long long)(braid__now_ms() - start));
     *new_pg = np;

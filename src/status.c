@@ -1,4 +1,5 @@
-/* Status names and the thread-local error text behind braid_last_error(). */
+/* Status, dtype and op names, and the thread-local error text behind
+ * braid_last_error(). */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -54,7 +55,9 @@ braid_status braid__error(braid_status status, const char *fmt, ...)
     va_start(ap, fmt);
     format_error(status, fmt, ap);
     va_end(ap);
-    BRAID_WARN("%s", error_text);
+    /* The caller gets this text back; logging it at WARN too would print
+     * every error twice (once here, once by the program). */
+    BRAID_INFO("%s", error_text);
     return status;
 }
 
@@ -76,4 +79,29 @@ void braid__error_set_text(const char *text)
 {
     if (text != error_text)
         snprintf(error_text, sizeof(error_text), "%s", text);
+}
+
+const char *braid__error_detail(void)
+{
+    const char *colon = strstr(error_text, ": ");
+    if (colon && strncmp(error_text, "BRAID_", 6) == 0 && (size_t)(colon - error_text) < 32)
+        return colon + 2;
+    return error_text;
+}
+
+const char *braid__dtype_name(braid_dtype dtype)
+{
+    static const char *const names[BRAID_DTYPE_COUNT] = {
+        [BRAID_F32] = "f32", [BRAID_F64] = "f64", [BRAID_F16] = "f16", [BRAID_BF16] = "bf16",
+        [BRAID_I8] = "i8",   [BRAID_U8] = "u8",   [BRAID_I32] = "i32", [BRAID_I64] = "i64",
+    };
+    return (unsigned)dtype < BRAID_DTYPE_COUNT && names[dtype] ? names[dtype] : "invalid";
+}
+
+const char *braid__op_name(braid_op op)
+{
+    static const char *const names[BRAID_OP_COUNT] = {
+        [BRAID_SUM] = "sum", [BRAID_PROD] = "prod", [BRAID_MIN] = "min", [BRAID_MAX] = "max", [BRAID_AVG] = "avg",
+    };
+    return (unsigned)op < BRAID_OP_COUNT && names[op] ? names[op] : "invalid";
 }

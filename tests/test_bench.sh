@@ -4,8 +4,10 @@
 # usage: test_bench.sh BRAID-BENCH [local|netns NETNS-BENCH]
 #   local  (default) forked local ranks: every dtype and op verified at 2, 3
 #          and 4 ranks (and with each algorithm), broadcast, the nccl-tests
-#          table format, csv append, plot, usage errors, -g 1 (device
-#          buffers on a GPU, a clear refusal elsewhere)
+#          table format, csv append, plot, usage errors, nccl-tests' flags
+#          (-t, -g, -N, -c, -m, -z, -C; -G, -R refused with a reason), the
+#          memory/transport line, a run without any flag, --buffers device
+#          (device buffers on a GPU, a clear refusal elsewhere)
 #   netns  two ranks in network namespaces over a shaped link; exits 77
 #          (skipped) where network namespaces cannot be created
 set -uo pipefail
@@ -31,10 +33,13 @@ check_table() {
   h3='#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       '
   grep -qxF -- "$h1" "$f" && grep -qxF -- "$h2" "$f" && grep -qxF -- "$h3" "$f" ||
     { fail "$what: column header differs from nccl-tests"; return; }
-  grep -Eq '^# nThread 1 nGpus 1 minBytes [0-9]+ maxBytes [0-9]+ step: [0-9]+\((factor|bytes)\) warmup iters: [0-9]+ iters: [0-9]+ agg iters: 1 validation: [01] graph: 0$' "$f" ||
+  grep -Eq '^# nThread [0-9]+ nGpus [0-9]+ minBytes [0-9]+ maxBytes [0-9]+ step: [0-9]+\((factor|bytes)\) warmup iters: [0-9]+ iters: [0-9]+ agg iters: [0-9]+ validation: [0-9]+ graph: 0$' "$f" ||
     { fail "$what: first header line differs from nccl-tests"; return; }
   grep -Eq '^#  Rank  0 Group  0 Pid +[0-9]+ on +[^ ]+ device +[0-9]+ \[0x00\] ' "$f" ||
     { fail "$what: no device line for rank 0"; return; }
+  # braid's line before the table: each rank's memory and transport.
+  grep -Eq '^# braid:( ranks? [0-9]+(-[0-9]+)? (host|device) memory, [a-z_+]+;?)+$' "$f" ||
+    { fail "$what: no line naming each rank's memory and transport"; return; }
   local got
   # data rows: every non-comment, non-empty line
   got=$(awk '!/^#/ && NF > 0' "$f" | wc -l)
@@ -71,23 +76,23 @@ local_tests() {
   local nsizes=5
   for n in 2 3 4; do
     # Every dtype x op, verified. 8 dtypes x 5 ops x 5 sizes.
-    run "ar$n" allreduce -N "$n" "${sizes[@]}" -n 2 -w 1 -c 1 -d all -o all &&
-      check_table "$tmp/ar$n.out" $((8 * 5 * nsizes)) 1 "allreduce -N $n -d all -o all"
+    run "ar$n" allreduce -t "$n" "${sizes[@]}" -n 2 -w 1 -c 1 -d all -o all &&
+      check_table "$tmp/ar$n.out" $((8 * 5 * nsizes)) 1 "allreduce -t $n -d all -o all"
     # Each requested algorithm must produce right answers too.
     for a in ring rd; do
-      run "ar$n-$a" allreduce -N "$n" -b 4 -e 1M -f 16 -n 2 -w 1 -c 1 -d float -o sum -a "$a" &&
-        check_table "$tmp/ar$n-$a.out" 5 1 "allreduce -N $n -a $a"
+      run "ar$n-$a" allreduce --nranks "$n" -b 4 -e 1M -f 16 -n 2 -w 1 -c 1 -d float -o sum -a "$a" &&
+        check_table "$tmp/ar$n-$a.out" 5 1 "allreduce --nranks $n -a $a"
     done
     # nccl-tests' -a (how times combine over ranks) is a digit; --algo too.
     for avg in 0 1 2; do
-      run "ar$n-avg$avg" allreduce -N "$n" -b 4 -e 64K -f 16 -n 2 -w 1 -c 1 -d float -o sum -a "$avg" &&
-        check_table "$tmp/ar$n-avg$avg.out" 4 1 "allreduce -N $n -a $avg"
+      run "ar$n-avg$avg" allreduce --nranks "$n" -b 4 -e 64K -f 16 -n 2 -w 1 -c 1 -d float -o sum -a "$avg" &&
+        check_table "$tmp/ar$n-avg$avg.out" 4 1 "allreduce --nranks $n -a $avg"
     done
-    run "ar$n-algo" allreduce -N "$n" -b 4 -e 64K -f 16 -n 2 -w 1 -c 1 -d float -o sum --algo ring &&
-      check_table "$tmp/ar$n-algo.out" 4 1 "allreduce -N $n --algo ring"
+    run "ar$n-algo" allreduce --nranks "$n" -b 4 -e 64K -f 16 -n 2 -w 1 -c 1 -d float -o sum --algo ring &&
+      check_table "$tmp/ar$n-algo.out" 4 1 "allreduce --nranks $n --algo ring"
     # Broadcast from a non-zero root; redop is "none" and root the root.
-    run "bc$n" broadcast -N "$n" "${sizes[@]}" -n 2 -w 1 -c 1 -d all -r 1 &&
-      check_table "$tmp/bc$n.out" $((8 * nsizes)) 1 "broadcast -N $n" &&
+    run "bc$n" broadcast -t "$n" "${sizes[@]}" -n 2 -w 1 -c 1 -d all -r 1 &&
+      check_table "$tmp/bc$n.out" $((8 * nsizes)) 1 "broadcast -t $n" &&
       { awk '!/^#/ && NF > 0 && ($4 != "none" || $5 != "1") { bad = 1 } END { exit bad }' "$tmp/bc$n.out" ||
         fail "broadcast rows must show redop none, root 1"; }
   done
@@ -96,7 +101,7 @@ local_tests() {
     fail "allreduce rows must show root -1"
 
   # Unverified run: #wrong is N/A; -i steps add; sizes accept suffixes.
-  run nocheck allreduce -N 3 -b 1K -e 3K -i 1K -n 2 -w 0 -c 0 -d int32 &&
+  run nocheck allreduce -t 3 -b 1K -e 3K -i 1K -n 2 -w 0 -c 0 -d int32 &&
     check_table "$tmp/nocheck.out" 3 0 "allreduce -c 0 -i 1K" &&
     { [ "$(awk '!/^#/ && NF > 0 { print $1 }' "$tmp/nocheck.out" | tr '\n' ' ')" = "1024 2048 3072 " ] ||
       fail "-b 1K -e 3K -i 1K should give sizes 1024 2048 3072"; }
@@ -110,8 +115,8 @@ local_tests() {
 
   # csv: a header once, then one row per size per run, appended.
   local csv=$tmp/runs.csv
-  run csv1 allreduce -N 2 -b 1K -e 64K -f 4 -n 2 -w 1 --csv "$csv" --label two &&
-    run csv2 allreduce -N 4 -b 1K -e 64K -f 4 -n 2 -w 1 --csv "$csv" --label four && {
+  run csv1 allreduce -t 2 -b 1K -e 64K -f 4 -n 2 -w 1 --csv "$csv" --label two &&
+    run csv2 allreduce -t 4 -b 1K -e 64K -f 4 -n 2 -w 1 --csv "$csv" --label four && {
       local lines heads
       lines=$(wc -l <"$csv")
       heads=$(grep -c '^size,count,type,redop,root,oop_time_us' "$csv")
@@ -123,12 +128,12 @@ local_tests() {
       ok
     }
   printf 'not,a,braid,csv\n' >"$tmp/other.csv"
-  "$bench" allreduce -N 2 -b 1K -e 1K -n 1 -w 0 --csv "$tmp/other.csv" >/dev/null 2>"$tmp/other.err"
+  "$bench" allreduce -t 2 -b 1K -e 1K -n 1 -w 0 --csv "$tmp/other.csv" >/dev/null 2>"$tmp/other.err"
   [ $? = 2 ] && grep -q 'not a braid-bench csv' "$tmp/other.err" || fail "a foreign csv must be refused (exit 2)"
 
   # --plot: a PNG, when gnuplot is installed.
   if command -v gnuplot >/dev/null 2>&1; then
-    if run plot allreduce -N 2 -b 1K -e 1M -f 8 -n 2 -w 1 --plot "$tmp/bw.png"; then
+    if run plot allreduce -t 2 -b 1K -e 1M -f 8 -n 2 -w 1 --plot "$tmp/bw.png"; then
       [ "$(head -c 4 "$tmp/bw.png" | od -An -tx1 | tr -d ' \n')" = 89504e47 ] || fail "--plot did not write a PNG"
       ok
     fi
@@ -139,32 +144,75 @@ local_tests() {
     fi
   else
     echo "note: gnuplot not installed, --plot not tested"
-    env PATH=/nonexistent "$bench" allreduce -N 2 -b 1K -e 1K -n 1 --plot "$tmp/x.png" >/dev/null 2>"$tmp/np.err"
+    env PATH=/nonexistent "$bench" allreduce -t 2 -b 1K -e 1K -n 1 --plot "$tmp/x.png" >/dev/null 2>"$tmp/np.err"
     grep -q gnuplot "$tmp/np.err" || fail "--plot without gnuplot must say so"
   fi
 
   # Usage errors: exit 2 with a reason, before any rank starts.
   local rc
-  "$bench" allreduce -N 2 -d float17 >/dev/null 2>"$tmp/e1"; rc=$?
+  "$bench" allreduce -t 2 -d float17 >/dev/null 2>"$tmp/e1"; rc=$?
   [ $rc = 2 ] && grep -q "unknown datatype 'float17'" "$tmp/e1" || fail "bad -d must exit 2 with a reason (got $rc)"
-  "$bench" broadcast -N 2 -r 5 -b 1K -e 1K >/dev/null 2>"$tmp/e2"; rc=$?
+  "$bench" broadcast -t 2 -r 5 -b 1K -e 1K >/dev/null 2>"$tmp/e2"; rc=$?
   [ $rc = 2 ] && grep -q "root 5 is not a rank" "$tmp/e2" || fail "-r 5 at 2 ranks must exit 2 (got $rc)"
   "$bench" reduce_scatter >/dev/null 2>"$tmp/e3"; rc=$?
   [ $rc = 2 ] || fail "unknown collective must exit 2 (got $rc)"
   "$bench" allreduce -b 1M -e 1K >/dev/null 2>"$tmp/e4"; rc=$?
   [ $rc = 2 ] || fail "minbytes > maxbytes must exit 2 (got $rc)"
-  "$bench" allreduce -g 2 >/dev/null 2>"$tmp/e5"; rc=$?
-  [ $rc = 2 ] && grep -q "invalid gpu count '2'" "$tmp/e5" || fail "-g 2 must exit 2 with a reason (got $rc)"
+  "$bench" allreduce -g 0 >/dev/null 2>"$tmp/e5"; rc=$?
+  [ $rc = 2 ] && grep -q "invalid gpu count '0'" "$tmp/e5" || fail "-g 0 must exit 2 with a reason (got $rc)"
+  # nccl-tests options that cannot apply say why; their defaults pass.
+  local opt
+  for opt in "-G 1:CUDA graphs" "-R 1:buffer registration" "-z 2:braid-bench times on the host"; do
+    "$bench" allreduce ${opt%%:*} >/dev/null 2>"$tmp/e7"; rc=$?
+    [ $rc = 2 ] && grep -q -- "${opt%%:*} is not supported: .*${opt#*:}" "$tmp/e7" ||
+      fail "$opt must exit 2 saying why (got $rc: $(cat "$tmp/e7"))"
+  done
   "$bench" --help >/dev/null || fail "--help must exit 0"
-  # -g 1: device buffers where there is a GPU (verified), else exit 2 with
-  # the reason from every rank, never a crash.
-  timeout 300 "$bench" allreduce -N 2 -g 1 -b 1K -e 32M -f 8 -n 2 -w 1 -c 1 -d float -o sum \
+  # A failed braid call is printed once, its status name once.
+  BRAID_TRANSPORT=carrier-pigeon "$bench" allreduce -t 2 -b 1K -e 1K -n 1 >/dev/null 2>"$tmp/e6"; rc=$?
+  [ $rc = 3 ] && grep -q 'joining the group failed: BRAID_ERR_' "$tmp/e6" &&
+    ! grep -Eq 'BRAID_ERR_[A-Z_]+: BRAID_ERR_' "$tmp/e6" && ! grep -q 'WARN.*none of the requested' "$tmp/e6" ||
+    fail "a failed join must print its status once, no WARN copy (got $rc: $(head -c 400 "$tmp/e6"))"
+  # nccl-tests' flags, same meaning. -t and -g multiply to the ranks per
+  # process: -t 2 -g 2 forks 4 ranks.
+  run tg allreduce -t 2 -g 2 -b 1K -e 1K -n 2 -w 0 -G 0 -R 0 -p 1 -y 0 &&
+    check_table "$tmp/tg.out" 1 1 "allreduce -t 2 -g 2" &&
+    { [ "$(grep -c '^#  Rank ' "$tmp/tg.out")" = 4 ] && grep -q '^# nThread 2 nGpus 2 ' "$tmp/tg.out" &&
+      head -n 1 "$tmp/tg.out" | grep -q 'ranks 0-3 ' || fail "-t 2 -g 2 must run 4 ranks"; }
+  # -N: run_cycles, the sweep printed N times; -c 3: three checks per size.
+  run cycles allreduce -t 2 -b 1K -e 4K -f 4 -n 2 -w 0 -N 3 -c 3 &&
+    check_table "$tmp/cycles.out" 6 1 "allreduce -N 3 -c 3" &&
+    { grep -q ' validation: 3 ' "$tmp/cycles.out" || fail "-c 3 must show validation: 3"; }
+  # -m (a group of collectives per iteration), -z 1 (blocking), -C 1.
+  run agg allreduce -t 3 -b 1K -e 64K -f 8 -n 3 -w 1 -m 4 &&
+    check_table "$tmp/agg.out" 3 1 "allreduce -m 4" &&
+    { grep -q ' agg iters: 4 ' "$tmp/agg.out" || fail "-m 4 must show agg iters: 4"; }
+  run blocking allreduce -t 2 -b 1K -e 64K -f 8 -n 3 -w 1 -z 1 -C 1 &&
+    check_table "$tmp/blocking.out" 3 1 "allreduce -z 1 -C 1"
+  # Under a launcher each process runs -t ranks: one process, -t 2.
+  local port=$((20000 + RANDOM % 20000))
+  env RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 300 "$bench" allreduce -t 2 \
+    -b 1K -e 1K -n 2 -w 0 >"$tmp/envt.out" 2>"$tmp/envt.err" &&
+    check_table "$tmp/envt.out" 1 1 "launcher -t 2" &&
+    { [ "$(grep -c '^#  Rank ' "$tmp/envt.out")" = 2 ] || fail "launcher with -t 2 must run 2 ranks"; } ||
+    fail "launcher with -t 2 failed: $(head -c 400 "$tmp/envt.err")"
+  # No flags at all: an all-reduce of 32 MiB on 4 local ranks, verified.
+  run noflags && check_table "$tmp/noflags.out" 1 1 "braid-bench without flags" &&
+    { [ "$(grep -c '^#  Rank ' "$tmp/noflags.out")" = 4 ] &&
+      awk '!/^#/ && NF > 0 { exit !($1 == 33554432 && $3 == "float" && $4 == "sum") }' "$tmp/noflags.out" ||
+      fail "braid-bench without flags must all-reduce 32M floats on 4 ranks"; }
+  # Device buffers: the default on a GPU (verified); --buffers device
+  # elsewhere exits 2 with the reason from every rank, never a crash.
+  timeout 300 "$bench" allreduce -t 2 --buffers device -b 1K -e 32M -f 8 -n 2 -w 1 -c 1 -d float -o sum \
     >"$tmp/g.out" 2>"$tmp/g.err"; rc=$?
   if [ $rc = 0 ]; then
-    check_table "$tmp/g.out" 6 1 "-g 1 on a GPU (32M: the device ring)"
+    check_table "$tmp/g.out" 6 1 "--buffers device on a GPU (32M: the device ring)"
+    head -n 1 "$tmp/g.out" | grep -q 'device memory' || fail "--buffers device: first line must say device memory"
   else
-    [ $rc = 2 ] && [ "$(grep -c -- '-g 1 needs a CUDA device: ' "$tmp/g.err")" = 2 ] ||
-      fail "-g 1 without a GPU must exit 2 with a reason from each rank (got $rc: $(head -c 300 "$tmp/g.err"))"
+    [ $rc = 2 ] && [ "$(grep -c -- '--buffers device needs a CUDA device: ' "$tmp/g.err")" = 2 ] ||
+      fail "--buffers device without a GPU must exit 2 with a reason from each rank (got $rc: $(head -c 300 "$tmp/g.err"))"
+    head -n 1 "$tmp/ar2.out" | grep -q '^# braid: ranks 0-1 host memory, shm$' ||
+      fail "without a GPU the default is host memory over shm: $(head -n 1 "$tmp/ar2.out")"
   fi
   ok
 }

@@ -157,6 +157,41 @@ static int mismatch_body(braid_pg *pg, void *arg)
     HARNESS_FAIL("rank %d: got %s: %s", rank, braid_status_string(st), braid_last_error());
 }
 
+/* Rank 1 calls with another dtype and op: the text names both by name
+ * (f32, sum), as a user writes them, not by enum number. */
+static int mismatch_type_body(braid_pg *pg, void *arg)
+{
+    (void)arg;
+    int rank = braid_pg_rank(pg);
+    double *buf = calloc(1000, sizeof(double));
+    braid_status st = rank == 1 ? braid_allreduce(pg, buf, buf, 1000, BRAID_F64, BRAID_MAX, NULL, NULL)
+                                : braid_allreduce(pg, buf, buf, 1000, BRAID_F32, BRAID_SUM, NULL, NULL);
+    free(buf);
+    if (st == BRAID_OK)
+        HARNESS_FAIL("rank %d: mismatched all-reduce succeeded", rank);
+    if (st == BRAID_ERR_MISMATCH) {
+        if (!strstr(braid_last_error(), "allreduce(count=1000, f32, sum)") ||
+            !strstr(braid_last_error(), "allreduce(count=1000, f64, max)"))
+            HARNESS_FAIL("rank %d: mismatch text lacks the named calls: %s", rank, braid_last_error());
+        return 0;
+    }
+    if (st == BRAID_ERR_PEER)
+        return 0;
+    HARNESS_FAIL("rank %d: got %s: %s", rank, braid_status_string(st), braid_last_error());
+}
+
+START_TEST(test_mismatched_types)
+{
+    braid_config cfg = BRAID_CONFIG_INIT;
+    cfg.timeout_ms = 5000;
+    cfg.algo = _i == 0 ? BRAID_ALGO_RING : BRAID_ALGO_RECURSIVE_DOUBLING;
+    harness_result res;
+    int failed = harness_run(4, mismatch_type_body, NULL, &cfg, 20, &res);
+    ck_assert_int_eq(failed, 0);
+    ck_assert_double_lt(res.seconds, 5.0);
+}
+END_TEST
+
 START_TEST(test_mismatched_counts)
 {
     braid_config cfg = BRAID_CONFIG_INIT;
@@ -246,6 +281,7 @@ int main(void)
     tcase_add_test(tc, test_stopped_rank_times_out);
     tcase_add_test(tc, test_abort_wakes_waiter);
     tcase_add_loop_test(tc, test_mismatched_counts, 0, 2);
+    tcase_add_loop_test(tc, test_mismatched_types, 0, 2);
     tcase_add_test(tc, test_stray_connections);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

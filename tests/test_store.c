@@ -36,7 +36,7 @@ static server_t start_server(void)
 static braid_store *client(const server_t *s, int rank)
 {
     braid_store *c = NULL;
-    braid_status st = braid__store_connect("127.0.0.1", s->port, secret, rank, 5000, &c);
+    braid_status st = braid__store_connect("127.0.0.1", s->port, secret, rank, 5000, 0, &c);
     ck_assert_msg(st == BRAID_OK, "connect: %s", braid_last_error());
     return c;
 }
@@ -279,13 +279,13 @@ START_TEST(ipv6_store)
     braid_store_server *srv;
     ck_assert_int_eq(braid__store_server_start(fd, secret, &srv), BRAID_OK);
     braid_store *c;
-    ck_assert_int_eq(braid__store_connect("::1", port, secret, 0, 2000, &c), BRAID_OK);
+    ck_assert_int_eq(braid__store_connect("::1", port, secret, 0, 2000, 0, &c), BRAID_OK);
     ck_assert_int_eq(braid__store_set(c, "k", "v6", 2), BRAID_OK);
     char ip[64];
     ck_assert_int_eq(braid__store_local_ip(c, ip, sizeof(ip)), BRAID_OK);
     ck_assert_str_eq(ip, "::1");
     braid__store_close(c);
-    ck_assert_int_eq(braid__store_connect("[::1]", port, secret, 0, 2000, &c), BRAID_OK);
+    ck_assert_int_eq(braid__store_connect("[::1]", port, secret, 0, 2000, 0, &c), BRAID_OK);
     braid__store_close(c);
     braid__store_server_stop(srv);
 }
@@ -329,7 +329,7 @@ START_TEST(many_clients)
         if (pids[r] == 0) {
             s.port = port_recv(gate[0]);
             braid_store *c;
-            if (braid__store_connect("127.0.0.1", s.port, secret, r, 5000, &c) != BRAID_OK) {
+            if (braid__store_connect("127.0.0.1", s.port, secret, r, 5000, 0, &c) != BRAID_OK) {
                 fprintf(stderr, "rank %d: %s\n", r, braid_last_error());
                 _exit(1);
             }
@@ -381,7 +381,7 @@ START_TEST(wrong_secret_rejected)
     memcpy(other, secret, sizeof(other));
     other[15] ^= 0x80;
     braid_store *c;
-    ck_assert_int_eq(braid__store_connect("127.0.0.1", s.port, other, 1, 2000, &c), BRAID_ERR_AUTH);
+    ck_assert_int_eq(braid__store_connect("127.0.0.1", s.port, other, 1, 2000, 0, &c), BRAID_ERR_AUTH);
     ck_assert_ptr_nonnull(strstr(braid_last_error(), "127.0.0.1"));
     /* An initiator that speaks as a tcp peer to the store is refused too. */
     int fd = raw_connect(s.port);
@@ -481,7 +481,7 @@ START_TEST(stop_with_parked_get)
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
         braid_store *c;
-        if (braid__store_connect("127.0.0.1", port_recv(gate[0]), secret, 1, 5000, &c) != BRAID_OK)
+        if (braid__store_connect("127.0.0.1", port_recv(gate[0]), secret, 1, 5000, 0, &c) != BRAID_OK)
             _exit(1);
         char v[4];
         size_t len;
@@ -512,7 +512,7 @@ START_TEST(connect_waits_for_late_server)
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
         braid_store *c;
-        if (braid__store_connect("127.0.0.1", port, secret, 1, 5000, &c) != BRAID_OK)
+        if (braid__store_connect("127.0.0.1", port, secret, 1, 5000, 0, &c) != BRAID_OK)
             _exit(1);
         int ok = braid__store_set(c, "late", "1", 1) == BRAID_OK;
         braid__store_close(c);
@@ -527,7 +527,7 @@ START_TEST(connect_waits_for_late_server)
 
     braid_store *c;
     int64_t t0 = braid__now_ms();
-    ck_assert_int_eq(braid__store_connect("127.0.0.1", port, secret, 1, 300, &c), BRAID_ERR_TIMEOUT);
+    ck_assert_int_eq(braid__store_connect("127.0.0.1", port, secret, 1, 300, 0, &c), BRAID_ERR_TIMEOUT);
     ck_assert_int_lt(braid__now_ms() - t0, 1500);
 }
 END_TEST

@@ -129,7 +129,7 @@ START_TEST(store_no_oracle_growing_delay)
                   (long long)d3);
     int64_t t0 = braid__now_ms();
     braid_store *c;
-    ck_assert_int_eq(braid__store_connect("127.0.0.1", port, secret, 1, 5000, &c), BRAID_OK);
+    ck_assert_int_eq(braid__store_connect("127.0.0.1", port, secret, 1, 5000, 0, &c), BRAID_OK);
     ck_assert_int_eq(braid__store_set(c, "k", "v", 1), BRAID_OK);
     ck_assert_int_lt(braid__now_ms() - t0, 1000);
     braid__store_close(c);
@@ -150,7 +150,7 @@ START_TEST(store_flood_capped)
     /* A member is served while the flood stands. */
     int64_t t0 = braid__now_ms();
     braid_store *c;
-    ck_assert_int_eq(braid__store_connect("127.0.0.1", port, secret, 1, 5000, &c), BRAID_OK);
+    ck_assert_int_eq(braid__store_connect("127.0.0.1", port, secret, 1, 5000, 0, &c), BRAID_OK);
     ck_assert_int_eq(braid__store_set(c, "k", "v", 1), BRAID_OK);
     int64_t member_ms = braid__now_ms() - t0;
     /* All but the cap's worth were dropped, long before the handshake limit. */
@@ -183,7 +183,7 @@ START_TEST(store_stop_ignores_strangers)
     int stranger = raw_connect(port);
     ck_assert_int_ge(stranger, 0);
     braid_store *c;
-    ck_assert_int_eq(braid__store_connect("127.0.0.1", port, secret, 1, 5000, &c), BRAID_OK);
+    ck_assert_int_eq(braid__store_connect("127.0.0.1", port, secret, 1, 5000, 0, &c), BRAID_OK);
     ck_assert_int_eq(braid__store_set(c, "k", "v", 1), BRAID_OK);
     braid__store_close(c);
     int64_t t0 = braid__now_ms();
@@ -400,7 +400,7 @@ START_TEST(other_uid_cannot_join_store)
         if (read(gate[0], &port, sizeof(port)) != (ssize_t)sizeof(port))
             _exit(13);
         braid_store *c;
-        braid_status st = braid__store_connect("127.0.0.1", port, pub.secret, 1, 3000, &c);
+        braid_status st = braid__store_connect("127.0.0.1", port, pub.secret, 1, 3000, 0, &c);
         if (st == BRAID_OK)
             _exit(14); /* joined */
         _exit(st == BRAID_ERR_AUTH || st == BRAID_ERR_MISMATCH ? 0 : 15);
@@ -414,7 +414,7 @@ START_TEST(other_uid_cannot_join_store)
     ck_assert_int_eq(harness_wait_child(pid, 30), 0);
     close(gate[1]);
     braid_store *c;
-    ck_assert_int_eq(braid__store_connect("127.0.0.1", port, rv.secret, 1, 5000, &c), BRAID_OK);
+    ck_assert_int_eq(braid__store_connect("127.0.0.1", port, rv.secret, 1, 5000, 0, &c), BRAID_OK);
     braid__store_close(c);
     braid__store_server_stop(srv);
     remove_tree(tmpdir);

@@ -11,7 +11,7 @@ for transport in tcp shm; do
   log=$(mktemp)
   BRAID_TRANSPORT=$transport valgrind --trace-children=yes --leak-check=full \
     --show-leak-kinds=definite,indirect --errors-for-leak-kinds=definite,indirect --error-exitcode=9 -q \
-    "$bench" allreduce -N 3 -b 4 -e 1M -f 64 -n 2 -w 1 -c 1 -d all -o all >"$log" 2>&1
+    "$bench" allreduce -t 3 -b 4 -e 1M -f 64 -n 2 -w 1 -c 1 -d all -o all >"$log" 2>&1
   rc=$?
   if [ $rc -ne 0 ] || grep -q "==[0-9]*== " "$log"; then
     echo "FAIL: valgrind over $transport (exit $rc):"

@@ -52,7 +52,8 @@ def unique_id():
     parent that forks the ranks)."""
     uid = _lib.UniqueId()
     _check(_LIB.braid_unique_id(ctypes.byref(uid)), "unique_id")
-    return bytes(uid.internal)
+    # bytes(uid.internal) would stop at the first NUL of the id.
+    return ctypes.string_at(ctypes.addressof(uid), _lib.UNIQUE_ID_BYTES)
 
 
 def _buffer_of(buf):

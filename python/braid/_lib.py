@@ -7,13 +7,17 @@ this order:
 2. next to this package (``braid/libbraid.so*``), for a copied install;
 3. a meson build directory of the source tree this package sits in
    (``<repo>/build*/libbraid.so*``);
-4. the system's library path (``libbraid.so.0``).
+4. the library ``pip install ./python`` found through pkg-config when it
+   installed this package (``braid/_install.py``);
+5. the one pkg-config's ``braid.pc`` points to now (``PKG_CONFIG_PATH``);
+6. the system's library path (``libbraid.so.0``).
 """
 
 import ctypes
 import ctypes.util
 import glob
 import os
+import subprocess
 
 # Values of the C enums in braid.h: part of the ABI.
 BRAID_OK = 0
@@ -53,7 +57,37 @@ class Config(ctypes.Structure):
         ("transports", ctypes.c_char_p),
         ("socket_ifname", ctypes.c_char_p),
         ("checksum", ctypes.c_int),
+        ("init_timeout_ms", ctypes.c_int),
     ]
+
+
+def pkg_config_library():
+    """Path of the libbraid.so.0 that braid.pc describes, or None: the first
+    -L directory of ``pkg-config --libs braid`` holding it (an installed
+    braid.pc gives its libdir; a build tree's uninstalled one its build
+    directory)."""
+    dirs = []
+    for args in (["--libs-only-L"], ["--variable=libdir"]):
+        try:
+            out = subprocess.run(
+                ["pkg-config"] + args + ["braid"], capture_output=True, text=True, check=True, timeout=30
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            return None
+        dirs += [w[2:] if w.startswith("-L") else w for w in out.split()]
+    for d in dirs:
+        path = os.path.join(d, "libbraid.so.0")
+        if os.path.exists(path):
+            return path
+    return None
+
+
+def _installed():
+    try:
+        from . import _install  # written by setup.py
+    except ImportError:
+        return []
+    return [_install.LIBRARY] if _install.LIBRARY and os.path.exists(_install.LIBRARY) else []
 
 
 def _candidates():
@@ -66,6 +100,9 @@ def _candidates():
     found = sorted(glob.glob(os.path.join(here, "libbraid.so*")))
     root = os.path.dirname(os.path.dirname(here))  # <repo>/python/braid -> <repo>
     found += sorted(glob.glob(os.path.join(root, "build*", "libbraid.so")))
+    found += _installed()
+    pc = pkg_config_library()
+    found += [pc] if pc else []
     system = ctypes.util.find_library("braid")
     found += [system] if system else []
     found.append("libbraid.so.0")

@@ -265,9 +265,19 @@ void braid__fp_encode(const braid_coll *coll, uint8_t out[BRAID_FP_BYTES])
 
 static void fp_describe(const fingerprint *f, char *buf, size_t cap)
 {
-    snprintf(buf, cap, "#%" PRIu64 " %s(count=%" PRIu64 ", dtype=%d, op=%d, root=%d)", f->seq,
+    /* Only what the call has: a broadcast's op and a reduce-less call's
+     * root mean nothing and would only distract. */
+    int has_op = f->kind == BRAID_COLL_ALLREDUCE || f->kind == BRAID_COLL_REDUCE ||
+                 f->kind == BRAID_COLL_REDUCE_SCATTER;
+    int has_root = f->kind == BRAID_COLL_BROADCAST || f->kind == BRAID_COLL_REDUCE;
+    char op[24] = "", root[24] = "";
+    if (has_op)
+        snprintf(op, sizeof(op), ", %s", braid__op_name((braid_op)f->op));
+    if (has_root)
+        snprintf(root, sizeof(root), ", root=%d", f->root);
+    snprintf(buf, cap, "#%" PRIu64 " %s(count=%" PRIu64 ", %s%s%s)", f->seq,
              f->kind == BRAID_COLL_SEND ? "send/recv" : braid__coll_name((braid_coll_kind)f->kind), f->count,
-             f->dtype, f->op, f->root);
+             braid__dtype_name((braid_dtype)f->dtype), op, root);
 }
 
 #define FP_FLAGS_BYTE 7

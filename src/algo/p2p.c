@@ -60,9 +60,9 @@ braid_status braid__p2p_check_self(const braid_pg *pg, const braid_coll *ops, in
                                 pg->rank, s < nops ? "send" : "recv", k, s < nops ? "recv" : "send");
         if (ops[s].count != ops[r].count || ops[s].dtype != ops[r].dtype)
             return braid__error(BRAID_ERR_INVALID_ARG,
-                                "rank %d: send to itself #%d (count=%zu, dtype=%d) does not match its recv "
-                                "(count=%zu, dtype=%d)",
-                                pg->rank, k, ops[s].count, (int)ops[s].dtype, ops[r].count, (int)ops[r].dtype);
+                                "rank %d: send to itself #%d (count=%zu, %s) does not match its recv (count=%zu, %s)",
+                                pg->rank, k, ops[s].count, braid__dtype_name(ops[s].dtype), ops[r].count,
+                                braid__dtype_name(ops[r].dtype));
         s = next_self(pg, ops, nops, s + 1, BRAID_COLL_SEND);
         r = next_self(pg, ops, nops, r + 1, BRAID_COLL_RECV);
     }

@@ -16,6 +16,11 @@ typedef struct {
     int local_rank;                       /* the launcher's, -1 when it set none */
     uint8_t secret_source;                /* braid_secret_source (auth.h) */
     char job_id[33];                      /* launcher's job id as hellos show it, "" when none */
+    /* What chose the port, for messages ("MASTER_PORT+1", "BRAID_STORE_PORT"),
+     * and whether rank 0 binds it only at init (the launcher path), so that
+     * a silent program on it can only be a stranger. */
+    char port_source[48];
+    int bound_at_init;
 } braid_rendezvous;
 
 /* Decode and validate a unique id. */

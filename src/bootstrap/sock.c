@@ -284,7 +284,7 @@ static braid_status bind_listen(const braid_sockaddr *addr, int *fd)
     braid__sock_tune(s);
     if (bind(s, (const struct sockaddr *)&addr->ss, addr->len) != 0) {
         braid_status st =
-            braid__error_quiet(errno == EADDRINUSE || errno == EADDRNOTAVAIL ? BRAID_ERR_INVALID_ARG : BRAID_ERR_SYSTEM,
+            braid__error_quiet(errno == EADDRNOTAVAIL ? BRAID_ERR_INVALID_ARG : BRAID_ERR_SYSTEM,
                                "listen on %s: bind: %m", text);
         close(s);
         return st;
@@ -338,7 +338,7 @@ braid_status braid__sock_listen(const char *host, int port, int *fd, int *bound_
         st = listen_any(port, &s);
     }
     if (st != BRAID_OK) {
-        BRAID_WARN("%s", braid_last_error());
+        BRAID_INFO("%s", braid_last_error());
         return st;
     }
     braid_sockaddr bound;

@@ -29,14 +29,17 @@ void braid__store_server_stop(braid_store_server *server);
  * its last answer. */
 void braid__store_server_stop_drained(braid_store_server *server, int grace_ms);
 
-/* Connect to host:port, retrying until timeout_ms (rank 0 may start last). */
+/* Connect to host:port, retrying until timeout_ms (rank 0 may start last).
+ * hello_ms > 0: a server that accepts but does not answer the handshake
+ * within hello_ms fails with BRAID_ERR_PEER ("not a braid store"). */
 braid_status braid__store_connect(const char *host, int port, const uint8_t secret[BRAID_SECRET_BYTES],
-                                  int rank, int timeout_ms, braid_store **store);
+                                  int rank, int timeout_ms, int hello_ms, braid_store **store);
 /* Same, stating this rank's job parameters (NULL: none). A store that
  * refuses them, or fails the job later, gives BRAID_ERR_MISMATCH naming
  * the parameter and both values. */
 braid_status braid__store_connect_job(const char *host, int port, const uint8_t secret[BRAID_SECRET_BYTES],
-                                      const braid_job_params *job, int rank, int timeout_ms, braid_store **store);
+                                      const braid_job_params *job, int rank, int timeout_ms, int hello_ms,
+                                      braid_store **store);
 braid_status braid__store_attach_job(int fd, const char *addr, const uint8_t secret[BRAID_SECRET_BYTES],
                                      const braid_job_params *job, int rank, int timeout_ms, braid_store **store);
 /* Same over fd, already connected to the server at addr (text for

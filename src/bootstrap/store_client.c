@@ -69,13 +69,14 @@ err_close:
 }
 
 braid_status braid__store_connect(const char *host, int port, const uint8_t secret[BRAID_SECRET_BYTES], int rank,
-                                  int timeout_ms, braid_store **store)
+                                  int timeout_ms, int hello_ms, braid_store **store)
 {
-    return braid__store_connect_job(host, port, secret, NULL, rank, timeout_ms, store);
+    return braid__store_connect_job(host, port, secret, NULL, rank, timeout_ms, hello_ms, store);
 }
 
 braid_status braid__store_connect_job(const char *host, int port, const uint8_t secret[BRAID_SECRET_BYTES],
-                                      const braid_job_params *job, int rank, int timeout_ms, braid_store **store)
+                                      const braid_job_params *job, int rank, int timeout_ms, int hello_ms,
+                                      braid_store **store)
 {
     braid_status st;
     braid_sockaddr addr;
@@ -90,7 +91,19 @@ braid_status braid__store_connect_job(const char *host, int port, const uint8_t 
     braid__sock_addr_format(&addr, s->addr, sizeof(s->addr));
     snprintf(s->what, sizeof(s->what), "rank %d: store at %s", rank, s->addr);
     BRAID_CHECK_GOTO(braid__sock_connect(&addr, deadline, s->what, &s->fd), st, err_free);
-    return store_handshake(s, secret, job, deadline, store);
+    /* A braid store answers the handshake at once; whatever accepted the
+     * connection and stays silent is not one (another program on the
+     * port), and waiting out the whole timeout would hide that. */
+    int64_t hello_deadline = deadline;
+    if (hello_ms > 0 && braid__now_ms() + hello_ms < deadline)
+        hello_deadline = braid__now_ms() + hello_ms;
+    st = store_handshake(s, secret, job, hello_deadline, store);
+    if (st == BRAID_ERR_TIMEOUT && hello_deadline < deadline)
+        return braid__error_quiet(BRAID_ERR_PEER,
+                                  "rank %d: the program at %s:%d accepted the connection but did not answer braid's "
+                                  "store handshake within %d ms: not a braid store",
+                                  rank, host, port, hello_ms);
+    return st;
 
 err_free:
     free(s);

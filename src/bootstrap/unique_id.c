@@ -157,6 +157,8 @@ braid_status braid__unique_id_decode(const braid_unique_id_t *id, braid_rendezvo
     rv->secret_source = BRAID_SECRET_UNIQUE_ID;
     rv->job_id[0] = '\0';
     rv->local_rank = -1;
+    snprintf(rv->port_source, sizeof(rv->port_source), "the unique id");
+    rv->bound_at_init = 0;
     return BRAID_OK;
 }
 
@@ -207,14 +209,18 @@ braid_status braid__env_rendezvous(int *rank, int *size, braid_rendezvous *rv)
     /* torchrun's own store already listens on MASTER_PORT, so braid's
      * store takes the next port unless BRAID_STORE_PORT says otherwise. */
     const char *port_text = braid__param_str("BRAID_STORE_PORT");
+    rv->bound_at_init = 1;
     if (port_text) {
         BRAID_CHECK(env_int("BRAID_STORE_PORT", port_text, 1, 65535, &rv->port));
+        snprintf(rv->port_source, sizeof(rv->port_source), "BRAID_STORE_PORT");
     } else {
         int master_port = DEFAULT_MASTER_PORT;
         const char *mp = braid__param_str("MASTER_PORT");
         if (mp)
             BRAID_CHECK(env_int("MASTER_PORT", mp, 1, 65534, &master_port));
         rv->port = master_port + 1;
+        snprintf(rv->port_source, sizeof(rv->port_source), mp ? "MASTER_PORT+1" : "MASTER_PORT (unset: %d)+1",
+                 DEFAULT_MASTER_PORT);
     }
 
     BRAID_CHECK(braid__job_secret_env(r, rv));

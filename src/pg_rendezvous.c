@@ -1,0 +1,199 @@
+/* The first step of a group's start: rank 0 serves the store, every rank
+ * reaches it, and every rank waits until all have. This is where a user's
+ * launch mistakes show (a rank that never started, a port held by another
+ * program), so each wait says what it waits for: rank 0 names the missing
+ * ranks while it waits and when it gives up, and the other ranks learn rank
+ * 0's verdict from the store instead of timing out on their own. */
+#include <stdio.h>
+#include <string.h>
+
+#include "bootstrap/auth.h"
+#include "bootstrap/sock.h"
+#include "bootstrap/store.h"
+#include "clock.h"
+#include "log.h"
+#include "param.h"
+#include "pg.h"
+#include "pg_rendezvous.h"
+#include "status.h"
+
+/* Longest gap between rank 0's reports of missing ranks, and the first
+ * report's delay: ranks that start a moment after rank 0 are not news. */
+#define JOIN_REPORT_MS 10000
+#define JOIN_FIRST_REPORT_MS 1000
+/* Ranks listed by name in a report; the rest are counted. */
+#define JOIN_LIST_MAX 8
+/* Ranks checked one by one for a report; beyond this only the count. */
+#define JOIN_PROBE_MAX 4096
+/* How long a rank other than 0 waits beyond its own init timeout for rank
+ * 0's verdict (rank 0 may have started a little later). */
+#define JOIN_VERDICT_GRACE_MS 5000
+/* A braid store answers the handshake at once; see braid__store_connect. */
+#define STORE_HELLO_MS 10000
+#define JOIN_OK "ok"
+
+static const char *port_source(const braid_rendezvous *rv)
+{
+    return rv->port_source[0] ? rv->port_source : "the shrink coordinator";
+}
+
+/* Rank 0 serves the store on the rendezvous port: the one braid_unique_id
+ * bound in this process (or its parent), else a fresh bind. */
+static braid_status serve_store(braid_pg *pg, const braid_rendezvous *rv, const braid_job_params *job)
+{
+    int fd = braid__prebound_take(rv->port);
+    if (fd < 0) {
+        int port;
+        braid_status st = braid__sock_listen(rv->host, rv->port, &fd, &port);
+        if (st != BRAID_OK) {
+            char why[512];
+            snprintf(why, sizeof(why), "%s", braid__error_detail());
+            return braid__error(BRAID_ERR_SYSTEM,
+                                "rank 0: cannot serve the rendezvous store on port %d (chosen by %s): %s; another "
+                                "program holds the port: set BRAID_STORE_PORT to a free port on every rank",
+                                rv->port, port_source(rv), why);
+        }
+    }
+    return braid__store_server_start_job(fd, rv->secret, job, &pg->store_server);
+}
+
+static braid_status connect_store(braid_pg *pg, const braid_rendezvous *rv, const braid_job_params *job)
+{
+    int hello_ms = 0;
+    if (pg->rank != 0 && rv->bound_at_init)
+        hello_ms = pg->init_timeout_ms / 4 < STORE_HELLO_MS ? pg->init_timeout_ms / 4 : STORE_HELLO_MS;
+    braid_status st = braid__store_connect_job(rv->host, rv->port, rv->secret, job, pg->rank, pg->init_timeout_ms,
+                                               hello_ms > 0 ? hello_ms : 0, &pg->store);
+    if (st == BRAID_OK)
+        return st;
+    char why[512];
+    snprintf(why, sizeof(why), "%s", braid__error_detail());
+    if (st == BRAID_ERR_TIMEOUT)
+        return braid__error(st,
+                            "rank %d: rank 0's store at %s:%d did not come up within %d ms (BRAID_INIT_TIMEOUT_MS): "
+                            "is rank 0 running, and is %s its address? (%s)",
+                            pg->rank, rv->host, rv->port, pg->init_timeout_ms,
+                            rv->bound_at_init ? "MASTER_ADDR" : "the id's host", why);
+    if ((st == BRAID_ERR_PEER || st == BRAID_ERR_AUTH) && rv->bound_at_init)
+        return braid__error(st,
+                            "%s; rank 0 cannot serve its store on port %d (chosen by %s) while another program "
+                            "holds it: set BRAID_STORE_PORT to a free port on every rank",
+                            why, rv->port, port_source(rv));
+    return st;
+}
+
+/* "2", "2 and 5", "2, 5, 7, ... (12 ranks)": the ranks that have not
+ * joined. Returns how many are missing. */
+static int missing_ranks(braid_pg *pg, char *buf, size_t cap)
+{
+    int64_t joined = 0;
+    if (braid__store_add(pg->store, "join/count", 0, &joined) != BRAID_OK)
+        return -1;
+    int missing = pg->size - (int)joined, listed = 0;
+    size_t o = 0;
+    buf[0] = '\0';
+    for (int r = 1; r < pg->size && pg->size <= JOIN_PROBE_MAX && listed < JOIN_LIST_MAX; r++) {
+        char key[32], v[4];
+        size_t len;
+        snprintf(key, sizeof(key), "join/%d", r);
+        braid_status st = braid__store_get(pg->store, key, v, sizeof(v), &len, 0);
+        if (st == BRAID_OK)
+            continue;
+        if (st != BRAID_ERR_TIMEOUT)
+            return -1;
+        o += (size_t)snprintf(buf + o, o < cap ? cap - o : 0, "%s%d", listed ? ", " : "", r);
+        listed++;
+    }
+    if (listed == 0)
+        snprintf(buf, cap, "%d ranks", missing);
+    else if (missing > listed)
+        snprintf(buf + o, o < cap ? cap - o : 0, ", ... (%d ranks)", missing);
+    return missing;
+}
+
+/* Rank 0: wait until every rank has joined, saying which are missing. */
+static braid_status await_all(braid_pg *pg, const braid_rendezvous *rv, int64_t deadline)
+{
+    int period = pg->init_timeout_ms / 4 < JOIN_REPORT_MS ? pg->init_timeout_ms / 4 : JOIN_REPORT_MS;
+    int64_t start = braid__now_ms(), report = start + (period < JOIN_FIRST_REPORT_MS ? period : JOIN_FIRST_REPORT_MS);
+    char v[sizeof(JOIN_OK)], who[160];
+    size_t len;
+    for (;;) {
+        int64_t now = braid__now_ms(), until = report < deadline ? report : deadline;
+        int slice = until > now ? (int)(until - now) : 0;
+        braid_status st = braid__store_get(pg->store, "join/done", v, sizeof(v), &len, slice);
+        if (st != BRAID_ERR_TIMEOUT)
+            return st;
+        int missing = missing_ranks(pg, who, sizeof(who));
+        if (missing < 0)
+            return braid__error(BRAID_ERR_INTERNAL, "rank 0: cannot read its own store's join count");
+        if (missing == 0)
+            continue; /* the last one is setting join/done */
+        now = braid__now_ms();
+        if (now >= deadline)
+            return braid__error(BRAID_ERR_TIMEOUT,
+                                "rank 0: rank%s %s never joined: %d of %d ranks reached the store at %s:%d within "
+                                "%d ms (BRAID_INIT_TIMEOUT_MS)",
+                                missing > 1 ? "s" : "", who, pg->size - missing, pg->size, rv->host, rv->port,
+                                pg->init_timeout_ms);
+        BRAID_WARN("rank 0: %d of %d ranks joined the store at %s:%d; waiting for rank%s %s (%lld of %d s left)",
+                   pg->size - missing, pg->size, rv->host, rv->port, missing > 1 ? "s" : "", who,
+                   (long long)(deadline - now + 999) / 1000, (pg->init_timeout_ms + 999) / 1000);
+        report = now + period;
+    }
+}
+
+braid_status braid__pg_rendezvous(braid_pg *pg, const braid_rendezvous *rv)
+{
+    int64_t deadline = braid__now_ms() + pg->init_timeout_ms;
+    /* What every member must agree on, compared in the store handshake so a
+     * rank started with another WORLD_SIZE (or checksum setting, job id,
+     * secret) is named at once on every rank. A shrunk group states none:
+     * its members come from one agreement. */
+    braid_job_params params = {.size = (uint32_t)pg->size,
+                               .source = rv->secret_source,
+                               .checksum = (uint8_t)(pg->checksum != 0),
+                               .secret_id = braid__secret_id(rv->secret)};
+    snprintf(params.job_id, sizeof(params.job_id), "%s", rv->job_id);
+    const braid_job_params *job = rv->secret_source != BRAID_SECRET_UNSTATED ? &params : NULL;
+    if (pg->rank == 0)
+        BRAID_CHECK(serve_store(pg, rv, job));
+    else
+        braid__prebound_release(rv->port);
+    BRAID_CHECK(connect_store(pg, rv, job));
+
+    /* Mark ourselves before counting, so a counted rank is always listed
+     * as present. The last rank to count tells everyone. */
+    char key[32], v[512];
+    size_t len;
+    int64_t joined;
+    snprintf(key, sizeof(key), "join/%d", pg->rank);
+    BRAID_CHECK(braid__store_set(pg->store, key, "1", 1));
+    BRAID_CHECK(braid__store_add(pg->store, "join/count", 1, &joined));
+    if (joined == pg->size)
+        BRAID_CHECK(braid__store_set(pg->store, "join/done", JOIN_OK, sizeof(JOIN_OK)));
+    if (pg->rank == 0) {
+        braid_status st = await_all(pg, rv, deadline);
+        if (st == BRAID_ERR_TIMEOUT) {
+            /* Tell the ranks that did join, then close our client so that
+             * the failed init drains the store (pg.c) until they read it. */
+            const char *text = braid__error_detail();
+            (void)braid__store_set(pg->store, "join/done", text, strlen(text) + 1);
+            braid__store_close(pg->store);
+            pg->store = NULL;
+        }
+        return st;
+    }
+    int wait_ms = (int)(deadline - braid__now_ms()) + JOIN_VERDICT_GRACE_MS;
+    braid_status st = braid__store_get(pg->store, "join/done", v, sizeof(v) - 1, &len, wait_ms > 0 ? wait_ms : 0);
+    if (st == BRAID_ERR_TIMEOUT)
+        return braid__error(st,
+                            "rank %d: joined the store at %s:%d, but rank 0 did not report every rank joined within "
+                            "%d ms (BRAID_INIT_TIMEOUT_MS)",
+                            pg->rank, rv->host, rv->port, pg->init_timeout_ms);
+    BRAID_CHECK(st);
+    v[len] = '\0';
+    if (strcmp(v, JOIN_OK) != 0)
+        return braid__error(BRAID_ERR_TIMEOUT, "rank %d: the group did not form; rank 0 reports: %s", pg->rank, v);
+    return BRAID_OK;
+}

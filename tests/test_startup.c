@@ -1,0 +1,285 @@
+/* Start-up mistakes a new user makes, and what braid says about them: a
+ * rank that never starts, a store port held by another program, rank 0 not
+ * running, a slow rank within the init timeout. Each case checks the text
+ * every rank gets and how long it took to fail, with short timeouts. Ranks
+ * are forked processes launched the torchrun way (RANK, WORLD_SIZE,
+ * MASTER_ADDR, MASTER_PORT); each one's stderr (braid's log) goes to a file
+ * the test reads back. */
+#include <check.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "braid.h"
+
+#define NRANKS 3
+#define DEADLINE_S 60
+#define TEXT_MAX 4096
+
+typedef struct {
+    int status;       /* braid_pg_init_env's result, or -1 if the rank did not report */
+    long elapsed_ms;  /* from the start of braid_pg_init_env to its return */
+    char error[TEXT_MAX];
+    char log[4 * TEXT_MAX];
+} rank_result;
+
+static long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000L + ts.tv_nsec / 1000000;
+}
+
+/* A free port whose successor (braid's store: MASTER_PORT + 1) is free too. */
+static int free_master_port(void)
+{
+    for (int tries = 0; tries < 50; tries++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t len = sizeof(a);
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+        ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+        close(fd);
+        int port = ntohs(a.sin_port);
+        if (port > 1024 && port < 65535)
+            return port - 1;
+    }
+    ck_abort_msg("no free port");
+    return -1;
+}
+
+static void set_int(const char *name, int v)
+{
+    char text[16];
+    snprintf(text, sizeof(text), "%d", v);
+    setenv(name, text, 1);
+}
+
+/* One rank: join after start_delay_ms, all-reduce once if that worked, and
+ * write "status elapsed_ms error text" to out_fd. */
+static int rank_main(int rank, int master_port, int start_delay_ms, int out_fd)
+{
+    unsetenv("BRAID_STORE_PORT");
+    unsetenv("BRAID_JOB_SECRET");
+    setenv("BRAID_DEBUG", "WARN", 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    set_int("MASTER_PORT", master_port);
+    set_int("RANK", rank);
+    set_int("WORLD_SIZE", NRANKS);
+    if (start_delay_ms > 0)
+        usleep((useconds_t)start_delay_ms * 1000);
+    braid_pg *pg = NULL;
+    long t0 = now_ms();
+    braid_status st = braid_pg_init_env(&pg, NULL);
+    long elapsed = now_ms() - t0;
+    char line[TEXT_MAX + 64];
+    int n = snprintf(line, sizeof(line), "%d %ld %s", (int)st, elapsed, st == BRAID_OK ? "" : braid_last_error());
+    if (st == BRAID_OK) {
+        int v = rank + 1;
+        braid_status ar = braid_allreduce(pg, &v, &v, 1, BRAID_I32, BRAID_SUM, NULL, NULL);
+        if (ar != BRAID_OK || v != NRANKS * (NRANKS + 1) / 2)
+            n = snprintf(line, sizeof(line), "%d %ld allreduce: %s (v=%d)", (int)BRAID_ERR_INTERNAL, elapsed,
+                         braid_last_error(), v);
+        braid_pg_destroy(pg);
+    }
+    ssize_t w = write(out_fd, line, (size_t)n);
+    (void)w;
+    return 0;
+}
+
+static void read_file(const char *path, char *buf, size_t cap)
+{
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
+    buf[n] = '\0';
+    if (f)
+        fclose(f);
+    unlink(path);
+}
+
+/* Start the ranks in `which` (a bit mask), each after its delay, and
+ * collect what each reported. Ranks not started report status -1. */
+static void run_ranks(int master_port, unsigned which, const int delay_ms[NRANKS], rank_result res[NRANKS])
+{
+    pid_t pids[NRANKS];
+    int pipes[NRANKS][2];
+    char logs[NRANKS][64];
+    for (int r = 0; r < NRANKS; r++) {
+        memset(&res[r], 0, sizeof(res[r]));
+        res[r].status = -1;
+        pids[r] = -1;
+        if (!(which & (1u << r)))
+            continue;
+        snprintf(logs[r], sizeof(logs[r]), "/tmp/braid-startup-%d-%d.log", (int)getpid(), r);
+        ck_assert_int_eq(pipe(pipes[r]), 0);
+        pids[r] = fork();
+        ck_assert_int_ge(pids[r], 0);
+        if (pids[r] == 0) {
+            alarm(DEADLINE_S);
+            close(pipes[r][0]);
+            FILE *f = freopen(logs[r], "w", stderr);
+            (void)f;
+            _exit(rank_main(r, master_port, delay_ms ? delay_ms[r] : 0, pipes[r][1]));
+        }
+        close(pipes[r][1]);
+    }
+    for (int r = 0; r < NRANKS; r++) {
+        if (pids[r] < 0)
+            continue;
+        char line[TEXT_MAX + 64];
+        ssize_t got = 0, n;
+        while ((n = read(pipes[r][0], line + got, sizeof(line) - 1 - (size_t)got)) > 0)
+            got += n;
+        line[got > 0 ? got : 0] = '\0';
+        close(pipes[r][0]);
+        int status;
+        ck_assert_int_eq(waitpid(pids[r], &status, 0), pids[r]);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "rank %d died (status %#x)", r, status);
+        int off = 0;
+        ck_assert_msg(sscanf(line, "%d %ld %n", &res[r].status, &res[r].elapsed_ms, &off) == 2,
+                      "rank %d reported '%s'", r, line);
+        snprintf(res[r].error, sizeof(res[r].error), "%s", line + off);
+        read_file(logs[r], res[r].log, sizeof(res[r].log));
+        printf("rank %d: status %d after %ld ms: %s\n%s", r, res[r].status, res[r].elapsed_ms, res[r].error,
+               res[r].log);
+    }
+}
+
+static int count_of(const char *text, const char *needle)
+{
+    int n = 0;
+    for (const char *p = text; (p = strstr(p, needle)) != NULL; p += strlen(needle))
+        n++;
+    return n;
+}
+
+#define ASSERT_HAS(text, needle) \
+    ck_assert_msg(strstr((text), (needle)) != NULL, "'%s' not in: %s", (needle), (text))
+
+/* Rank 2 never starts. Rank 0 says so at the start and every period (a
+ * quarter of the init timeout here), then fails naming rank 2 and the
+ * store; rank 1 fails at the same moment with rank 0's words. */
+START_TEST(test_rank_never_joins)
+{
+    int port = free_master_port();
+    setenv("BRAID_INIT_TIMEOUT_MS", "4000", 1);
+    rank_result res[NRANKS];
+    run_ranks(port, 0x3, NULL, res);
+    char store[64];
+    snprintf(store, sizeof(store), "127.0.0.1:%d", port + 1);
+    for (int r = 0; r < 2; r++) {
+        ck_assert_msg(res[r].status == BRAID_ERR_TIMEOUT, "rank %d: status %d: %s", r, res[r].status, res[r].error);
+        ASSERT_HAS(res[r].error, "rank 2 never joined");
+        ASSERT_HAS(res[r].error, "2 of 3 ranks reached the store at");
+        ASSERT_HAS(res[r].error, store);
+        ASSERT_HAS(res[r].error, "BRAID_INIT_TIMEOUT_MS");
+        /* Not before the init timeout, and not much after it. */
+        ck_assert_msg(res[r].elapsed_ms >= (r == 0 ? 3900 : 3000) && res[r].elapsed_ms < 15000,
+                      "rank %d failed after %ld ms", r, res[r].elapsed_ms);
+    }
+    ASSERT_HAS(res[1].error, "rank 1: the group did not form; rank 0 reports: rank 0: rank 2 never joined");
+    /* Reports at about 1, 2 and 3 s: at least two even under load. */
+    int reports = count_of(res[0].log, "2 of 3 ranks joined the store at");
+    ck_assert_msg(reports >= 2 && reports <= 4, "%d reports in rank 0's log: %s", reports, res[0].log);
+    ASSERT_HAS(res[0].log, "waiting for rank 2 (");
+    ASSERT_HAS(res[0].log, " WARN ");
+    /* The error itself is the caller's to print, not logged again as WARN. */
+    ck_assert_msg(count_of(res[0].log, "never joined") == 0, "error logged as well: %s", res[0].log);
+    ck_assert_msg(count_of(res[1].log, "WARN") == 0, "rank 1 logged: %s", res[1].log);
+    unsetenv("BRAID_INIT_TIMEOUT_MS");
+}
+END_TEST
+
+/* Another program listens on MASTER_PORT + 1 and never answers. Rank 0
+ * cannot bind it: BRAID_ERR_SYSTEM naming the variable and the fix, at
+ * once. Rank 1 reaches the stranger and fails within a quarter of the init
+ * timeout with the same advice, instead of waiting out the timeout. */
+START_TEST(test_store_port_in_use)
+{
+    int port = free_master_port();
+    int stranger = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(port + 1)),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    ck_assert_int_eq(bind(stranger, (struct sockaddr *)&a, sizeof(a)), 0);
+    ck_assert_int_eq(listen(stranger, 16), 0);
+    setenv("BRAID_INIT_TIMEOUT_MS", "20000", 1);
+    rank_result res[NRANKS];
+    run_ranks(port, 0x3, NULL, res);
+    close(stranger);
+    char what[96];
+    snprintf(what, sizeof(what), "port %d (chosen by MASTER_PORT+1)", port + 1);
+    for (int r = 0; r < 2; r++) {
+        ASSERT_HAS(res[r].error, what);
+        ASSERT_HAS(res[r].error, "set BRAID_STORE_PORT to a free port on every rank");
+    }
+    ck_assert_msg(res[0].status == BRAID_ERR_SYSTEM, "rank 0: status %d: %s", res[0].status, res[0].error);
+    ASSERT_HAS(res[0].error, "Address already in use");
+    ck_assert_msg(res[0].elapsed_ms < 3000, "rank 0 failed after %ld ms", res[0].elapsed_ms);
+    ck_assert_msg(res[1].status == BRAID_ERR_PEER, "rank 1: status %d: %s", res[1].status, res[1].error);
+    ASSERT_HAS(res[1].error, "did not answer braid's store handshake within 5000 ms: not a braid store");
+    ck_assert_msg(res[1].elapsed_ms >= 4900 && res[1].elapsed_ms < 15000, "rank 1 failed after %ld ms",
+                  res[1].elapsed_ms);
+    unsetenv("BRAID_INIT_TIMEOUT_MS");
+}
+END_TEST
+
+/* Rank 0 is not running: the others say where they looked and what to
+ * check, when the init timeout passes. */
+START_TEST(test_rank0_missing)
+{
+    int port = free_master_port();
+    setenv("BRAID_INIT_TIMEOUT_MS", "2000", 1);
+    rank_result res[NRANKS];
+    run_ranks(port, 0x2, NULL, res);
+    char what[96];
+    snprintf(what, sizeof(what), "rank 1: rank 0's store at 127.0.0.1:%d did not come up within 2000 ms", port + 1);
+    ck_assert_msg(res[1].status == BRAID_ERR_TIMEOUT, "rank 1: status %d: %s", res[1].status, res[1].error);
+    ASSERT_HAS(res[1].error, what);
+    ASSERT_HAS(res[1].error, "is rank 0 running, and is MASTER_ADDR its address?");
+    ck_assert_msg(res[1].elapsed_ms >= 1900 && res[1].elapsed_ms < 12000, "rank 1 failed after %ld ms",
+                  res[1].elapsed_ms);
+    unsetenv("BRAID_INIT_TIMEOUT_MS");
+}
+END_TEST
+
+/* The init timeout is not the collective timeout: a rank that starts 4 s
+ * late joins a group whose collectives time out after 2 s. */
+START_TEST(test_init_timeout_separate)
+{
+    int port = free_master_port();
+    setenv("BRAID_TIMEOUT_MS", "2000", 1);
+    setenv("BRAID_INIT_TIMEOUT_MS", "30000", 1);
+    const int delays[NRANKS] = {0, 0, 4000};
+    rank_result res[NRANKS];
+    run_ranks(port, 0x7, delays, res);
+    for (int r = 0; r < NRANKS; r++)
+        ck_assert_msg(res[r].status == BRAID_OK, "rank %d: status %d: %s", r, res[r].status, res[r].error);
+    ck_assert_msg(res[0].elapsed_ms >= 3900, "rank 0 joined after %ld ms", res[0].elapsed_ms);
+    ASSERT_HAS(res[0].log, "waiting for rank 2 (");
+    unsetenv("BRAID_TIMEOUT_MS");
+    unsetenv("BRAID_INIT_TIMEOUT_MS");
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("startup");
+    TCase *tc = tcase_create("startup");
+    tcase_set_timeout(tc, DEADLINE_S + 10);
+    tcase_add_test(tc, test_rank_never_joins);
+    tcase_add_test(tc, test_store_port_in_use);
+    tcase_add_test(tc, test_rank0_missing);
+    tcase_add_test(tc, test_init_timeout_separate);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
