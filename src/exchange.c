@@ -7,8 +7,8 @@
  * receive from itself inside the group, i.e. one copy, skipped when the
  * call is in place. Work handles, nesting inside an open group and the
  * failure path are the group's. */
+#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "coll_check.h"
 #include "pg.h"
@@ -93,68 +93,60 @@ BRAID_API braid_status braid_alltoall(braid_pg *pg, const void *send, void *recv
     return exchange_with_plan(pg, slots, count, dtype, work);
 }
 
-BRAID_API braid_status braid_gather(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
-                                    int root, void *cuda_stream, braid_work **work)
+/* Gather (gather = 1: every rank's `block` goes to the root's `all`) and
+ * scatter (gather = 0: the root's `all` is dealt out into every `block`).
+ * all holds size blocks and is only used on the root; the call is in place
+ * there when block is the root's own block of all. */
+static braid_status rooted(braid_pg *pg, const char *name, int gather, const void *all, const void *block, size_t count,
+                           braid_dtype dtype, int root, void *cuda_stream, braid_work **work)
 {
-    const char *name = "gather";
+    const char *all_name = gather ? "recv" : "send", *block_name = gather ? "send" : "recv";
     BRAID_CHECK(braid__check_common(pg, name, count, 1, dtype, cuda_stream));
     BRAID_CHECK(check_root(pg, name, root));
-    BRAID_CHECK(braid__check_ptr(pg, name, "send", send, count));
-    BRAID_CHECK(braid__check_host(pg, name, "send", send, count));
+    BRAID_CHECK(braid__check_ptr(pg, name, block_name, block, count));
+    BRAID_CHECK(braid__check_host(pg, name, block_name, block, count));
     size_t bytes = count * braid_dtype_size(dtype);
-    const char *own = (const char *)recv + (size_t)root * bytes; /* the root's block */
+    /* all is only valid on the root (NULL elsewhere, as NCCL allows) */
+    int in_place = pg->rank == root && all && (const char *)block == (const char *)all + (size_t)root * bytes;
     if (pg->rank == root) {
-        BRAID_CHECK(braid__check_ptr(pg, name, "recv on the root", recv, count));
-        BRAID_CHECK(braid__check_host(pg, name, "recv", recv, count));
-        if (send != own && braid__overlap(send, bytes, recv, bytes * (size_t)pg->size))
+        char what[32];
+        snprintf(what, sizeof(what), "%s on the root", all_name);
+        BRAID_CHECK(braid__check_ptr(pg, name, what, all, count));
+        BRAID_CHECK(braid__check_host(pg, name, all_name, all, count));
+        if (!in_place && braid__overlap(block, bytes, all, bytes * (size_t)pg->size))
             return braid__error(BRAID_ERR_INVALID_ARG,
-                                "rank %d: %s: send overlaps recv without being its block %d (in place)", pg->rank,
-                                name, root);
+                                "rank %d: %s: %s overlaps %s without being its block %d (in place)", pg->rank, name,
+                                block_name, all_name, root);
     }
     exchange_slot *slots;
     BRAID_CHECK(slots_alloc(pg, name, &slots));
-    if (pg->rank == root) {
-        for (int p = 0; p < pg->size; p++)
-            slots[p].recv = (char *)recv + (size_t)p * bytes;
-        if (send == own)
-            slots[root].recv = NULL; /* in place: the block is already there */
+    if (pg->rank == root)
+        for (int p = 0; p < pg->size; p++) {
+            const char *b = (const char *)all + (size_t)p * bytes;
+            if (p == root && in_place)
+                continue; /* the block is already where it belongs */
+            if (gather)
+                slots[p].recv = (char *)b;
+            else
+                slots[p].send = b;
+        }
+    if (!in_place) {
+        if (gather)
+            slots[root].send = block;
         else
-            slots[root].send = send;
-    } else {
-        slots[root].send = send;
+            slots[root].recv = (char *)block;
     }
     return exchange_with_plan(pg, slots, count, dtype, work);
+}
+
+BRAID_API braid_status braid_gather(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
+                                    int root, void *cuda_stream, braid_work **work)
+{
+    return rooted(pg, "gather", 1, recv, send, count, dtype, root, cuda_stream, work);
 }
 
 BRAID_API braid_status braid_scatter(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
                                      int root, void *cuda_stream, braid_work **work)
 {
-    const char *name = "scatter";
-    BRAID_CHECK(braid__check_common(pg, name, count, 1, dtype, cuda_stream));
-    BRAID_CHECK(check_root(pg, name, root));
-    BRAID_CHECK(braid__check_ptr(pg, name, "recv", recv, count));
-    BRAID_CHECK(braid__check_host(pg, name, "recv", recv, count));
-    size_t bytes = count * braid_dtype_size(dtype);
-    const char *own = (const char *)send + (size_t)root * bytes; /* the root's block */
-    if (pg->rank == root) {
-        BRAID_CHECK(braid__check_ptr(pg, name, "send on the root", send, count));
-        BRAID_CHECK(braid__check_host(pg, name, "send", send, count));
-        if ((const char *)recv != own && braid__overlap(recv, bytes, send, bytes * (size_t)pg->size))
-            return braid__error(BRAID_ERR_INVALID_ARG,
-                                "rank %d: %s: recv overlaps send without being its block %d (in place)", pg->rank,
-                                name, root);
-    }
-    exchange_slot *slots;
-    BRAID_CHECK(slots_alloc(pg, name, &slots));
-    if (pg->rank == root) {
-        for (int p = 0; p < pg->size; p++)
-            slots[p].send = (const char *)send + (size_t)p * bytes;
-        if ((const char *)recv == own)
-            slots[root].send = NULL; /* in place */
-        else
-            slots[root].recv = recv;
-    } else {
-        slots[root].recv = recv;
-    }
-    return exchange_with_plan(pg, slots, count, dtype, work);
+    return rooted(pg, "scatter", 0, send, recv, count, dtype, root, cuda_stream, work);
 }

@@ -82,6 +82,8 @@ static ncclResult_t shrink(ncclComm_t comm, int *exclude, int count, ncclComm_t 
         return nccl__fail(ncclInvalidArgument, "%s: shrinkFlags %d is neither NCCL_SHRINK_DEFAULT nor NCCL_SHRINK_ABORT",
                           call, flags);
     *newcomm = NULL;
+    if (atomic_load(&comm->init_started))
+        nccl__comm_settle(comm, 1); /* a nonblocking init still running */
     if (comm->init_result != ncclSuccess || !comm->pg)
         return nccl__comm_check(comm, call);
     if (nccl__group_active())
