@@ -64,6 +64,9 @@ int main(void)
     return 0;
 }
 PROG
+# A sanitizer build's library needs its runtime in the program too.
+sanitize=$(opt b_sanitize)
+case $sanitize in none | "" | "[]") san= ;; *) san="-fsanitize=$(echo "$sanitize" | tr -d "[]' ")" ;; esac
 # shellcheck disable=SC2086
-"$cc" -std=c11 "$tmp/prog.c" -o "$tmp/prog" $flags || { echo "FAIL: compiling with pkg-config's flags"; exit 1; }
+"$cc" -std=c11 $san "$tmp/prog.c" -o "$tmp/prog" $flags || { echo "FAIL: compiling with pkg-config's flags"; exit 1; }
 LD_LIBRARY_PATH="$tmp/root$libdir/braid-nccl" "$tmp/prog" || { echo "FAIL: the program (exit $?)"; exit 1; }
