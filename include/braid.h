@@ -309,6 +309,24 @@ BRAID_API braid_status braid_send(braid_pg *pg, const void *buf, size_t count, b
 BRAID_API braid_status braid_recv(braid_pg *pg, void *buf, size_t count, braid_dtype dtype, int peer,
                                   void *cuda_stream, braid_work **work);
 
+/** All-to-all: send holds size blocks of `count` elements; block p goes to
+ *  rank p, and the block from rank p lands at recv + p * count elements.
+ *  send and recv must not overlap (there is no in-place form). */
+BRAID_API braid_status braid_alltoall(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
+                                      void *cuda_stream, braid_work **work);
+
+/** Gather `count` elements of send from every rank into recv on `root`:
+ *  rank p's land at recv + p * count elements. recv is only used on the
+ *  root; in place there when send == recv + root * count elements. */
+BRAID_API braid_status braid_gather(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
+                                    int root, void *cuda_stream, braid_work **work);
+
+/** Scatter: rank p receives into recv the block send + p * count elements
+ *  of the root's send, which is only used on the root; in place there when
+ *  recv == send + root * count elements. */
+BRAID_API braid_status braid_scatter(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
+                                     int root, void *cuda_stream, braid_work **work);
+
 /** Open a group on pg for the calling thread (NCCL's ncclGroupStart).
  *  Until the matching braid_group_end, this thread's calls on pg (any
  *  collective, send or receive, each with work = NULL) are only checked and

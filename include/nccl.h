@@ -1,7 +1,7 @@
 /*
- * nccl.h — the NCCL 2.19 API, implemented by braid's libnccl.so.2.
+ * nccl.h — the NCCL 2.28 API, implemented by braid's libnccl.so.2.
  *
- * Names, values and prototypes are NCCL 2.19.3's, so a program written
+ * Names, values and prototypes are NCCL 2.28.9's, so a program written
  * against NCCL compiles against this header and runs on braid unchanged
  * (see docs/NCCL_COMPAT.md for what is covered and how it differs). Calls
  * on CUDA device buffers are enqueued on their stream, as in NCCL (with a
@@ -9,11 +9,13 @@
  * (or, inside a group, ncclGroupEnd) returns.
  *
  * Differences in the header itself:
- *  - cuda_runtime.h is included only when it can be found; otherwise just
- *    cudaStream_t is declared, as the CUDA runtime does;
- *  - ncclBfloat16 is always defined (NCCL defines it only when cuda_bf16.h
- *    was included), since braid reduces bf16 on the host;
- *  - the pncclXxx profiling aliases are not declared.
+ *  - cuda_runtime.h (and with it cuda_fp16.h, and cuda_bf16.h from CUDA 11
+ *    on, as NVIDIA's header does) is included only when it can be found;
+ *    otherwise just cudaStream_t is declared, as the CUDA runtime does;
+ *  - ncclBfloat16 is always defined, since braid reduces bf16 on the host;
+ *  - the pncclXxx profiling aliases are exported by the library but not
+ *    declared here, and cuda_fp8.h is not included: braid has no fp8
+ *    reductions (ncclFloat8e4m3 and ncclFloat8e5m2 are refused).
  */
 #ifndef NCCL_H_
 #define NCCL_H_
@@ -23,17 +25,22 @@
 #include <cuda_runtime.h>
 #endif
 #endif
-#if !defined(CUDART_VERSION)
+#if defined(CUDART_VERSION)
+#include <cuda_fp16.h>
+#if CUDART_VERSION >= 11000
+#include <cuda_bf16.h>
+#endif
+#else
 /* The CUDA runtime's own declaration; repeating it later is harmless. */
 typedef struct CUstream_st *cudaStream_t;
 #endif
 
 #define NCCL_MAJOR 2
-#define NCCL_MINOR 19
-#define NCCL_PATCH 3
+#define NCCL_MINOR 28
+#define NCCL_PATCH 9
 #define NCCL_SUFFIX ""
 
-#define NCCL_VERSION_CODE 21903
+#define NCCL_VERSION_CODE 22809
 /* Codes of 2.8 and older were X*1000 + Y*100 + Z; from 2.9 on X*10000 + Y*100 + Z. */
 #define NCCL_VERSION(X, Y, Z) (((X) <= 2 && (Y) <= 8) ? (X)*1000 + (Y)*100 + (Z) : (X)*10000 + (Y)*100 + (Z))
 
@@ -46,6 +53,8 @@ extern "C" {
 
 /** Opaque handle to a communicator. */
 typedef struct ncclComm *ncclComm_t;
+/** Opaque handle to a registered memory window (ncclCommWindowRegister). */
+typedef struct ncclWindow_vidmem *ncclWindow_t;
 #define NCCL_COMM_NULL NULL
 
 #define NCCL_UNIQUE_ID_BYTES 128
@@ -71,20 +80,48 @@ typedef enum {
 #define NCCL_CONFIG_UNDEF_INT INT_MIN
 #define NCCL_CONFIG_UNDEF_PTR NULL
 #define NCCL_SPLIT_NOCOLOR -1
+#define NCCL_UNDEF_FLOAT -1.0f
 
-/** Communicator configuration; initialise with NCCL_CONFIG_INITIALIZER. */
-typedef struct ncclConfig_v21700 {
+/* ncclCommWindowRegister flags. */
+#define NCCL_WIN_DEFAULT 0x00
+#define NCCL_WIN_COLL_SYMMETRIC 0x01
+#define NCCL_WIN_REQUIRED_ALIGNMENT 4096
+
+/* ncclConfig_t.CTAPolicy flags. */
+#define NCCL_CTA_POLICY_DEFAULT 0x00
+#define NCCL_CTA_POLICY_EFFICIENCY 0x01
+#define NCCL_CTA_POLICY_ZERO 0x02
+
+/* ncclCommShrink flags. */
+#define NCCL_SHRINK_DEFAULT 0x00 /**< shrink the parent communicator */
+#define NCCL_SHRINK_ABORT 0x01   /**< abort the parent's pending operations first */
+
+/* ncclCommRevoke flags. */
+#define NCCL_REVOKE_DEFAULT 0x00 /**< the only value; reserved */
+
+/** Communicator configuration; initialise with NCCL_CONFIG_INITIALIZER.
+ *  The library reads `size` bytes of it and the fields that existed at
+ *  `version`, as NCCL does, so structs from older and newer headers work. */
+typedef struct ncclConfig_v22800 {
     /* attributes that users should never touch. */
     size_t size;
     unsigned int magic;
     unsigned int version;
     /* attributes that users are able to customize. */
-    int blocking;        /**< 0: non-blocking; braid completes init before returning either way */
-    int cgaClusterSize;  /**< GPU launch shape: ignored */
-    int minCTAs;         /**< ignored */
-    int maxCTAs;         /**< ignored */
-    const char *netName; /**< "Socket" (braid tcp) or "IB" (braid verbs); NULL: automatic */
-    int splitShare;      /**< ignored */
+    int blocking;            /**< 0: init and calls may return ncclInProgress (see ncclCommGetAsyncError) */
+    int cgaClusterSize;      /**< GPU launch shape: checked, not used */
+    int minCTAs;             /**< checked, not used */
+    int maxCTAs;             /**< checked, not used */
+    const char *netName;     /**< "Socket" (braid tcp) or "IB" (braid verbs); NULL: automatic */
+    int splitShare;          /**< checked, not used */
+    int trafficClass;        /**< not used */
+    const char *commName;    /**< named in this communicator's log lines and errors */
+    int collnetEnable;       /**< checked, not used */
+    int CTAPolicy;           /**< checked, not used */
+    int shrinkShare;         /**< checked, not used */
+    int nvlsCTAs;            /**< checked, not used */
+    int nChannelsPerNetPeer; /**< checked, not used */
+    int nvlinkCentricSched;  /**< checked, not used */
 } ncclConfig_t;
 
 /** Must be assigned to every ncclConfig_t when it is created. */
@@ -99,7 +136,34 @@ typedef struct ncclConfig_v21700 {
         NCCL_CONFIG_UNDEF_INT,                            /* minCTAs */                        \
         NCCL_CONFIG_UNDEF_INT,                            /* maxCTAs */                        \
         NCCL_CONFIG_UNDEF_PTR,                            /* netName */                        \
-        NCCL_CONFIG_UNDEF_INT                             /* splitShare */                     \
+        NCCL_CONFIG_UNDEF_INT,                            /* splitShare */                     \
+        NCCL_CONFIG_UNDEF_INT,                            /* trafficClass */                   \
+        NCCL_CONFIG_UNDEF_PTR,                            /* commName */                       \
+        NCCL_CONFIG_UNDEF_INT,                            /* collnetEnable */                  \
+        NCCL_CONFIG_UNDEF_INT,                            /* CTAPolicy */                      \
+        NCCL_CONFIG_UNDEF_INT,                            /* shrinkShare */                    \
+        NCCL_CONFIG_UNDEF_INT,                            /* nvlsCTAs */                       \
+        NCCL_CONFIG_UNDEF_INT,                            /* nChannelsPerNetPeer */            \
+        NCCL_CONFIG_UNDEF_INT,                            /* nvlinkCentricSched */             \
+    }
+/* clang-format on */
+
+/** What ncclGroupSimulateEnd reports; initialise with
+ *  NCCL_SIM_INFO_INITIALIZER. */
+typedef struct ncclSimInfo_v22200 {
+    size_t size;
+    unsigned int magic;
+    unsigned int version;
+    float estimatedTime; /**< microseconds, from braid's tuner model */
+} ncclSimInfo_t;
+
+/* clang-format off */
+#define NCCL_SIM_INFO_INITIALIZER                                                              \
+    {                                                                                          \
+        sizeof(ncclSimInfo_t),                            /* size */                           \
+        0x74685283,                                       /* magic */                          \
+        NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH), /* version */                        \
+        NCCL_UNDEF_FLOAT                                  /* estimated time */                 \
     }
 /* clang-format on */
 
@@ -129,8 +193,14 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId,
  *  one thread with group calls, or one thread each. */
 ncclResult_t ncclCommInitAll(ncclComm_t *comm, int ndev, const int *devlist);
 
-/** Flush issued operations. braid completes every operation before the
- *  call issuing it returns, so this only marks the communicator finalized. */
+/** Create a communicator from nId unique ids (1 <= nId <= nranks, the
+ *  same ids in the same order on every rank). braid rendezvouses through
+ *  the first id, which rank 0 made, as NCCL programs do. */
+ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm, int nranks, int myrank, int nId, ncclUniqueId *commIds,
+                                      ncclConfig_t *config);
+
+/** Flush issued operations (the device calls enqueued so far) and mark
+ *  the communicator finalized. */
 ncclResult_t ncclCommFinalize(ncclComm_t comm);
 
 /** Free the communicator. */
@@ -138,6 +208,18 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm);
 
 /** Abort pending operations (they fail) and free the communicator. */
 ncclResult_t ncclCommAbort(ncclComm_t comm);
+
+/** Stop comm's in-flight operations (they fail) and refuse new ones; only
+ *  ncclCommDestroy, ncclCommAbort and ncclCommShrink may follow.
+ *  revokeFlags must be NCCL_REVOKE_DEFAULT. */
+ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags);
+
+/** Make a communicator of comm's ranks minus excludeRanksList (ranks
+ *  renumbered densely in order). Called by every rank that stays, on a
+ *  healthy or failed comm; excluded ranks do not call it. NCCL_SHRINK_ABORT
+ *  aborts comm's pending operations first. config NULL: comm's. */
+ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeRanksCount, ncclComm_t *newcomm,
+                            ncclConfig_t *config, int shrinkFlags);
 
 /** Split comm: ranks passing the same color form a new communicator,
  *  ordered by key then by rank in comm; NCCL_SPLIT_NOCOLOR gets NULL.
@@ -167,6 +249,14 @@ ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank);
  *  is only to be passed to ncclCommDeregister. */
 ncclResult_t ncclCommRegister(const ncclComm_t comm, void *buff, size_t size, void **handle);
 ncclResult_t ncclCommDeregister(const ncclComm_t comm, void *handle);
+
+/** Symmetric memory windows: braid has none yet, so both return
+ *  ncclInvalidUsage with an ncclGetLastError text. */
+ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void *buff, size_t size, ncclWindow_t *win, int winFlags);
+ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win);
+
+/** Deprecated in NCCL; logging settings are read at each use here. */
+void ncclResetDebugInit(void);
 
 /** Reduction operators. */
 typedef enum { ncclNumOps_dummy = 5 } ncclRedOp_dummy_t;
@@ -201,7 +291,9 @@ typedef enum {
     ncclFloat64 = 8,
     ncclDouble = 8,
     ncclBfloat16 = 9,
-    ncclNumTypes = 10
+    ncclFloat8e4m3 = 10, /**< not reduced or moved by braid: ncclInvalidUsage */
+    ncclFloat8e5m2 = 11, /**< not reduced or moved by braid: ncclInvalidUsage */
+    ncclNumTypes = 12
 } ncclDataType_t;
 
 /** Where the scalar of ncclRedOpCreatePreMulSum lives and when it is read. */
@@ -256,6 +348,23 @@ ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recv
 ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t stream);
 
+/** Rank j's block j of sendbuff (count elements at sendbuff + j*count) goes
+ *  to rank j, and rank i's block lands at recvbuff + i*count. sendbuff and
+ *  recvbuff must not overlap. */
+ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+                          ncclComm_t comm, cudaStream_t stream);
+
+/** Each rank's count elements land on root at recvbuff + rank*count
+ *  (recvbuff unused elsewhere). In place when sendbuff == recvbuff +
+ *  root*count on the root. */
+ncclResult_t ncclGather(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root,
+                        ncclComm_t comm, cudaStream_t stream);
+
+/** Rank i receives root's sendbuff + i*count (sendbuff unused elsewhere).
+ *  In place when recvbuff == sendbuff + root*count on the root. */
+ncclResult_t ncclScatter(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root,
+                         ncclComm_t comm, cudaStream_t stream);
+
 /** Send count elements to peer, which calls ncclRecv with the same count
  *  and datatype. Several sends/receives that must progress together go
  *  between ncclGroupStart and ncclGroupEnd. */
@@ -273,6 +382,12 @@ ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int
  */
 ncclResult_t ncclGroupStart(void);
 ncclResult_t ncclGroupEnd(void);
+
+/** Like ncclGroupEnd, but run nothing: drop the recorded calls and report
+ *  in simInfo->estimatedTime (microseconds) how long braid's tuner model
+ *  expects them to take. Communicators whose init was deferred are still
+ *  created. */
+ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t *simInfo);
 
 #ifdef __cplusplus
 } /* end extern "C" */

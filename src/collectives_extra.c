@@ -3,18 +3,19 @@
  * (or the open group, which braid__work_submit records into). */
 #include <stdint.h>
 
+#include "coll_check.h"
 #include "hmem.h"
 #include "pg.h"
 #include "status.h"
 
-static int overlap(const void *a, size_t alen, const void *b, size_t blen)
+int braid__overlap(const void *a, size_t alen, const void *b, size_t blen)
 {
     return alen && blen && (const char *)a < (const char *)b + blen && (const char *)b < (const char *)a + alen;
 }
 
 /* Checks every entry point shares. per_rank: the larger buffer holds one
  * count-sized block per rank, and its size must not overflow either. */
-static braid_status check_common(braid_pg *pg, const char *name, size_t count, int per_rank, braid_dtype dtype,
+braid_status braid__check_common(braid_pg *pg, const char *name, size_t count, int per_rank, braid_dtype dtype,
                                  void *cuda_stream)
 {
     BRAID_CHECK(braid__pg_check_handle(pg, name));
@@ -35,7 +36,7 @@ static braid_status check_common(braid_pg *pg, const char *name, size_t count, i
  * write the buffers directly, which would fault on CUDA device memory.
  * Device buffers are refused up front (braid__mem_is_device makes no CUDA
  * call in a process that has no CUDA context). */
-static braid_status check_host(const braid_pg *pg, const char *name, const char *what, const void *p, size_t count)
+braid_status braid__check_host(const braid_pg *pg, const char *name, const char *what, const void *p, size_t count)
 {
     if (count > 0 && p && braid__mem_is_device(p))
         return braid__error(BRAID_ERR_UNSUPPORTED,
@@ -52,7 +53,7 @@ static braid_status check_op(const braid_pg *pg, const char *name, braid_op op)
     return BRAID_OK;
 }
 
-static braid_status check_ptr(const braid_pg *pg, const char *name, const char *what, const void *p, size_t count)
+braid_status braid__check_ptr(const braid_pg *pg, const char *name, const char *what, const void *p, size_t count)
 {
     if (count > 0 && !p)
         return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: %s is NULL with count %zu", pg->rank, name, what,
@@ -63,18 +64,18 @@ static braid_status check_ptr(const braid_pg *pg, const char *name, const char *
 BRAID_API braid_status braid_reduce(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
                                     braid_op op, int root, void *cuda_stream, braid_work **work)
 {
-    BRAID_CHECK(check_common(pg, "reduce", count, 0, dtype, cuda_stream));
+    BRAID_CHECK(braid__check_common(pg, "reduce", count, 0, dtype, cuda_stream));
     BRAID_CHECK(check_op(pg, "reduce", op));
     if (root < 0 || root >= pg->size)
         return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: reduce: root %d out of range [0, %d)", pg->rank, root,
                             pg->size);
-    BRAID_CHECK(check_ptr(pg, "reduce", "send", send, count));
-    BRAID_CHECK(check_host(pg, "reduce", "send", send, count));
+    BRAID_CHECK(braid__check_ptr(pg, "reduce", "send", send, count));
+    BRAID_CHECK(braid__check_host(pg, "reduce", "send", send, count));
     size_t bytes = count * braid_dtype_size(dtype);
     if (pg->rank == root) {
-        BRAID_CHECK(check_ptr(pg, "reduce", "recv on the root", recv, count));
-        BRAID_CHECK(check_host(pg, "reduce", "recv", recv, count));
-        if (send != recv && overlap(send, bytes, recv, bytes))
+        BRAID_CHECK(braid__check_ptr(pg, "reduce", "recv on the root", recv, count));
+        BRAID_CHECK(braid__check_host(pg, "reduce", "recv", recv, count));
+        if (send != recv && braid__overlap(send, bytes, recv, bytes))
             return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: reduce: send and recv overlap without being equal",
                                 pg->rank);
     }
@@ -91,14 +92,14 @@ BRAID_API braid_status braid_reduce(braid_pg *pg, const void *send, void *recv, 
 BRAID_API braid_status braid_allgather(braid_pg *pg, const void *send, void *recv, size_t sendcount, braid_dtype dtype,
                                        void *cuda_stream, braid_work **work)
 {
-    BRAID_CHECK(check_common(pg, "allgather", sendcount, 1, dtype, cuda_stream));
-    BRAID_CHECK(check_ptr(pg, "allgather", "send", send, sendcount));
-    BRAID_CHECK(check_ptr(pg, "allgather", "recv", recv, sendcount));
-    BRAID_CHECK(check_host(pg, "allgather", "send", send, sendcount));
-    BRAID_CHECK(check_host(pg, "allgather", "recv", recv, sendcount));
+    BRAID_CHECK(braid__check_common(pg, "allgather", sendcount, 1, dtype, cuda_stream));
+    BRAID_CHECK(braid__check_ptr(pg, "allgather", "send", send, sendcount));
+    BRAID_CHECK(braid__check_ptr(pg, "allgather", "recv", recv, sendcount));
+    BRAID_CHECK(braid__check_host(pg, "allgather", "send", send, sendcount));
+    BRAID_CHECK(braid__check_host(pg, "allgather", "recv", recv, sendcount));
     size_t bytes = sendcount * braid_dtype_size(dtype);
     const char *own = (const char *)recv + (size_t)pg->rank * bytes;
-    if (send != own && overlap(send, bytes, recv, bytes * (size_t)pg->size))
+    if (send != own && braid__overlap(send, bytes, recv, bytes * (size_t)pg->size))
         return braid__error(BRAID_ERR_INVALID_ARG,
                             "rank %d: allgather: send overlaps recv without being its block %d (in place)", pg->rank,
                             pg->rank);
@@ -115,15 +116,15 @@ BRAID_API braid_status braid_allgather(braid_pg *pg, const void *send, void *rec
 BRAID_API braid_status braid_reduce_scatter(braid_pg *pg, const void *send, void *recv, size_t recvcount,
                                             braid_dtype dtype, braid_op op, void *cuda_stream, braid_work **work)
 {
-    BRAID_CHECK(check_common(pg, "reduce_scatter", recvcount, 1, dtype, cuda_stream));
+    BRAID_CHECK(braid__check_common(pg, "reduce_scatter", recvcount, 1, dtype, cuda_stream));
     BRAID_CHECK(check_op(pg, "reduce_scatter", op));
-    BRAID_CHECK(check_ptr(pg, "reduce_scatter", "send", send, recvcount));
-    BRAID_CHECK(check_ptr(pg, "reduce_scatter", "recv", recv, recvcount));
-    BRAID_CHECK(check_host(pg, "reduce_scatter", "send", send, recvcount));
-    BRAID_CHECK(check_host(pg, "reduce_scatter", "recv", recv, recvcount));
+    BRAID_CHECK(braid__check_ptr(pg, "reduce_scatter", "send", send, recvcount));
+    BRAID_CHECK(braid__check_ptr(pg, "reduce_scatter", "recv", recv, recvcount));
+    BRAID_CHECK(braid__check_host(pg, "reduce_scatter", "send", send, recvcount));
+    BRAID_CHECK(braid__check_host(pg, "reduce_scatter", "recv", recv, recvcount));
     size_t bytes = recvcount * braid_dtype_size(dtype);
     const char *own = (const char *)send + (size_t)pg->rank * bytes;
-    if ((const char *)recv != own && overlap(recv, bytes, send, bytes * (size_t)pg->size))
+    if ((const char *)recv != own && braid__overlap(recv, bytes, send, bytes * (size_t)pg->size))
         return braid__error(BRAID_ERR_INVALID_ARG,
                             "rank %d: reduce_scatter: recv overlaps send without being its block %d (in place)",
                             pg->rank, pg->rank);
@@ -140,9 +141,9 @@ BRAID_API braid_status braid_reduce_scatter(braid_pg *pg, const void *send, void
 static braid_status check_p2p(braid_pg *pg, const char *name, const void *buf, size_t count, braid_dtype dtype,
                               int peer, void *cuda_stream)
 {
-    BRAID_CHECK(check_common(pg, name, count, 0, dtype, cuda_stream));
-    BRAID_CHECK(check_ptr(pg, name, "buf", buf, count));
-    BRAID_CHECK(check_host(pg, name, "buf", buf, count));
+    BRAID_CHECK(braid__check_common(pg, name, count, 0, dtype, cuda_stream));
+    BRAID_CHECK(braid__check_ptr(pg, name, "buf", buf, count));
+    BRAID_CHECK(braid__check_host(pg, name, "buf", buf, count));
     if (peer < 0 || peer >= pg->size)
         return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: peer %d out of range [0, %d)", pg->rank, name, peer,
                             pg->size);

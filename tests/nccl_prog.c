@@ -625,7 +625,8 @@ static int rank_main(int rank, int n, ncclUniqueId id)
     g_rank = rank;
     ncclComm_t comm;
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0; /* non-blocking comms may also complete at once */
+    config.blocking = 1; /* nonblocking comms (ncclInProgress) are tested in nccl_compat.c */
+    config.commName = "nccl_prog";
     if (rank % 2)
         CHECK(ncclCommInitRankConfig(&comm, n, id, rank, &config));
     else

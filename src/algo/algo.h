@@ -150,6 +150,24 @@ braid_algo braid__allreduce_algo(braid_pg *pg, size_t count, braid_dtype dtype);
 /* Largest message (bytes) that recursive doubling takes on n ranks. */
 size_t braid__rd_max_bytes(int n);
 
+/* What braid__estimate_us estimates. bytes: the message for all-reduce,
+ * broadcast, reduce and send/receive; one rank's block for the others. */
+typedef enum {
+    BRAID_EST_ALLREDUCE,
+    BRAID_EST_BROADCAST,
+    BRAID_EST_REDUCE,
+    BRAID_EST_ALLGATHER,
+    BRAID_EST_REDUCE_SCATTER,
+    BRAID_EST_ALLTOALL,
+    BRAID_EST_GATHER,
+    BRAID_EST_SCATTER,
+    BRAID_EST_P2P,
+} braid_est_kind;
+
+/* The tuner's cost model: microseconds a call is expected to take on pg's
+ * group size (estimate.c). */
+double braid__estimate_us(const braid_pg *pg, braid_est_kind kind, size_t bytes);
+
 /* Sends and receives ops[0..nops) (SEND/RECV calls) progressed together;
  * messages between two ranks match in posting order (algo/p2p.c). */
 braid_status braid__p2p_run(braid_algo_run *run, const braid_coll *ops, int nops);

@@ -22,6 +22,11 @@ static ncclResult_t begin(ncclComm_t comm, const char *call)
         return r;
     if (comm->finalized)
         return nccl__fail(ncclInvalidUsage, "%s: the communicator was finalized", call);
+    if (atomic_load(&comm->revoked))
+        return nccl__fail(ncclInvalidUsage,
+                          "%s: %s: the communicator was revoked (ncclCommRevoke); only ncclCommShrink, "
+                          "ncclCommDestroy and ncclCommAbort remain",
+                          call, comm->label);
     return ncclSuccess;
 }
 
@@ -66,7 +71,20 @@ static ncclResult_t submit(ncclComm_t comm, nccl_op *op)
     if (op->device)
         return nccl__dev_submit(comm, op, 1);
     nccl__dev_drain(comm); /* braid must see the calls in issue order */
-    return nccl__exec_start(comm, op, 1, NULL);
+    if (comm->conf.blocking)
+        return nccl__exec_start(comm, op, 1, NULL);
+    /* Nonblocking communicator: start the call and return ncclInProgress;
+     * ncclCommGetAsyncError (or the next call) completes it. */
+    braid_work *work = NULL;
+    nccl_op started = *op;
+    ncclResult_t r = nccl__exec_start(comm, &started, 1, &work);
+    if (r != ncclSuccess || !work)
+        return r;
+    pthread_mutex_lock(&comm->mu);
+    comm->pending = work;
+    comm->pending_op = started;
+    pthread_mutex_unlock(&comm->mu);
+    return ncclInProgress;
 }
 
 /* The datatype, and for a reduction the operator (PreMulSum resolved). */
@@ -88,7 +106,8 @@ static ncclResult_t run(ncclComm_t comm, nccl_op *op, ncclDataType_t datatype, n
     r = begin(comm, op->call);
     if (r == ncclSuccess)
         r = types(comm, op, datatype, redop, reducing);
-    if (r == ncclSuccess && (op->kind == NCCL_OP_REDUCE || op->kind == NCCL_OP_BROADCAST))
+    if (r == ncclSuccess && (op->kind == NCCL_OP_REDUCE || op->kind == NCCL_OP_BROADCAST ||
+                             op->kind == NCCL_OP_GATHER || op->kind == NCCL_OP_SCATTER))
         r = check_rank(comm, op->root, "root", op->call);
     if (r == ncclSuccess && (op->kind == NCCL_OP_SEND || op->kind == NCCL_OP_RECV))
         r = check_rank(comm, op->root, "peer", op->call);
@@ -140,6 +159,30 @@ NCCL_API ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t
 {
     nccl_op o = {.kind = NCCL_OP_BROADCAST, .call = "ncclBroadcast", .send = sendbuff, .recv = recvbuff,
                  .count = count, .root = root, .stream = stream};
+    return run(comm, &o, datatype, ncclSum, 0);
+}
+
+NCCL_API ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+                                   ncclComm_t comm, cudaStream_t stream)
+{
+    nccl_op o = {.kind = NCCL_OP_ALLTOALL, .call = "ncclAlltoAll", .send = sendbuff, .recv = recvbuff,
+                 .count = count, .root = -1, .stream = stream};
+    return run(comm, &o, datatype, ncclSum, 0);
+}
+
+NCCL_API ncclResult_t ncclGather(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root,
+                                 ncclComm_t comm, cudaStream_t stream)
+{
+    nccl_op o = {.kind = NCCL_OP_GATHER, .call = "ncclGather", .send = sendbuff, .recv = recvbuff, .count = count,
+                 .root = root, .stream = stream};
+    return run(comm, &o, datatype, ncclSum, 0);
+}
+
+NCCL_API ncclResult_t ncclScatter(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root,
+                                  ncclComm_t comm, cudaStream_t stream)
+{
+    nccl_op o = {.kind = NCCL_OP_SCATTER, .call = "ncclScatter", .send = sendbuff, .recv = recvbuff, .count = count,
+                 .root = root, .stream = stream};
     return run(comm, &o, datatype, ncclSum, 0);
 }
 

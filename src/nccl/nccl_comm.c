@@ -41,29 +41,30 @@ static void comm_free(ncclComm_t comm)
     free(comm);
 }
 
-/* netName picks braid's transport: NCCL's socket and IB networks. */
+/* The configuration: braid's transport from netName, the blocking mode,
+ * and the name that error texts carry. */
 static ncclResult_t apply_config(ncclComm_t comm, const ncclConfig_t *config, const char *call)
 {
     braid_config cfg = BRAID_CONFIG_INIT;
     comm->cfg = cfg;
     comm->transports[0] = '\0';
-    if (!config)
-        return ncclSuccess;
-    if (config->magic != 0xcafebeefu || config->size < offsetof(ncclConfig_t, netName) + sizeof(const char *))
-        return nccl__fail(ncclInvalidArgument, "%s: config was not initialised with NCCL_CONFIG_INITIALIZER", call);
-    if (config->blocking != NCCL_CONFIG_UNDEF_INT && config->blocking != 0 && config->blocking != 1)
-        return nccl__fail(ncclInvalidArgument, "%s: config.blocking must be 0 or 1, not %d", call, config->blocking);
-    const char *net = config->netName;
-    if (net && strcmp(net, "Socket") && strcmp(net, "IB"))
-        return nccl__fail(ncclInvalidArgument,
-                          "%s: config.netName \"%s\" unknown: braid offers \"Socket\" (tcp) "
-                          "and \"IB\" (verbs)",
-                          call, net);
-    if (net) {
-        snprintf(comm->transports, sizeof(comm->transports), "%s", strcmp(net, "IB") ? "tcp" : "verbs");
+    ncclResult_t r = nccl__config_read(config, &comm->conf, call);
+    if (r != ncclSuccess)
+        return r;
+    if (comm->conf.net[0]) {
+        snprintf(comm->transports, sizeof(comm->transports), "%s", comm->conf.net);
         comm->cfg.transports = comm->transports;
     }
     return ncclSuccess;
+}
+
+/* "rank 1 of 4" or "rank 1 of 4 (commName)": how texts name comm. */
+static void set_label(ncclComm_t comm)
+{
+    if (comm->conf.name[0])
+        snprintf(comm->label, sizeof(comm->label), "rank %d of %d (%s)", comm->rank, comm->nranks, comm->conf.name);
+    else
+        snprintf(comm->label, sizeof(comm->label), "rank %d of %d", comm->rank, comm->nranks);
 }
 
 ncclResult_t nccl__comm_init_run(ncclComm_t comm)
@@ -71,7 +72,9 @@ ncclResult_t nccl__comm_init_run(ncclComm_t comm)
     braid_pg *pg;
     braid_status st = braid_pg_init(&pg, comm->rank, comm->nranks, (const braid_unique_id_t *)&comm->id, &comm->cfg);
     if (st != BRAID_OK) {
-        comm->init_result = nccl__from_braid(st, "ncclCommInitRank");
+        char call[200];
+        snprintf(call, sizeof(call), "ncclCommInitRank: %s", comm->label);
+        comm->init_result = nccl__from_braid(st, call);
         snprintf(comm->init_error, sizeof(comm->init_error), "%s", ncclGetLastError(NULL));
         return comm->init_result;
     }
@@ -84,6 +87,53 @@ static void *init_main(void *arg)
 {
     nccl__comm_init_run(arg);
     return NULL;
+}
+
+/* Nonblocking init: runs on its own thread; nccl__comm_settle joins it. */
+static void *init_async_main(void *arg)
+{
+    ncclComm_t comm = arg;
+    nccl__comm_init_run(comm);
+    if (comm->init_result != ncclSuccess)
+        nccl__fail(comm->init_result, "%s", comm->init_error); /* for this thread's log */
+    atomic_store(&comm->init_done, 1);
+    return NULL;
+}
+
+ncclResult_t nccl__comm_settle(ncclComm_t comm, int wait)
+{
+    ncclResult_t r = ncclSuccess;
+    pthread_mutex_lock(&comm->mu);
+    if (atomic_load(&comm->init_started)) {
+        if (!wait && !atomic_load(&comm->init_done)) {
+            pthread_mutex_unlock(&comm->mu);
+            return ncclInProgress;
+        }
+        pthread_join(comm->init_thread, NULL);
+        atomic_store(&comm->init_started, 0);
+    }
+    if (comm->init_result != ncclSuccess) {
+        r = nccl__fail(comm->init_result == ncclInProgress ? ncclInvalidUsage : comm->init_result,
+                       "%s", comm->init_error);
+        pthread_mutex_unlock(&comm->mu);
+        return r;
+    }
+    if (comm->pending) {
+        int done = 1;
+        if (!wait)
+            braid_test(comm->pending, &done);
+        if (!done) {
+            pthread_mutex_unlock(&comm->mu);
+            return ncclInProgress;
+        }
+        r = nccl__exec_finish(comm->pending, &comm->pending_op, 1);
+        comm->pending = NULL;
+        int none = ncclSuccess;
+        if (r != ncclSuccess && atomic_compare_exchange_strong(&comm->async_error, &none, (int)r))
+            snprintf(comm->async_text, sizeof(comm->async_text), "%s", ncclGetLastError(NULL));
+    }
+    pthread_mutex_unlock(&comm->mu);
+    return r;
 }
 
 ncclResult_t nccl__comm_init_run_all(ncclComm_t *comms, int n)
@@ -116,7 +166,7 @@ ncclResult_t nccl__comm_init_run_all(ncclComm_t *comms, int n)
 }
 
 static ncclResult_t comm_init(ncclComm_t *out, int nranks, const ncclUniqueId *id, int rank, const ncclConfig_t *config,
-                              const braid_config *inherit, const char *call)
+                              const struct ncclComm *inherit, const char *call)
 {
     if (!out)
         return nccl__fail(ncclInvalidArgument, "%s: comm is NULL", call);
@@ -132,9 +182,10 @@ static ncclResult_t comm_init(ncclComm_t *out, int nranks, const ncclUniqueId *i
     comm->id = *id;
     ncclResult_t r = apply_config(comm, config, call);
     if (r == ncclSuccess && !config && inherit) {
-        comm->cfg = *inherit;
-        if (inherit->transports) {
-            snprintf(comm->transports, sizeof(comm->transports), "%s", inherit->transports);
+        comm->cfg = inherit->cfg;
+        comm->conf = inherit->conf;
+        if (inherit->cfg.transports) {
+            snprintf(comm->transports, sizeof(comm->transports), "%s", inherit->cfg.transports);
             comm->cfg.transports = comm->transports;
         }
     }
@@ -142,6 +193,7 @@ static ncclResult_t comm_init(ncclComm_t *out, int nranks, const ncclUniqueId *i
         comm_free(comm);
         return r;
     }
+    set_label(comm);
     if (nccl__group_active()) {
         comm->init_result = ncclInProgress;
         snprintf(comm->init_error, sizeof(comm->init_error), "%s: communicator of rank %d is created at ncclGroupEnd",
@@ -152,6 +204,20 @@ static ncclResult_t comm_init(ncclComm_t *out, int nranks, const ncclUniqueId *i
         }
         *out = comm;
         return ncclSuccess;
+    }
+    if (!comm->conf.blocking) {
+        /* NCCL's nonblocking init: return at once; ncclCommGetAsyncError
+         * says ncclInProgress until the ranks have joined. */
+        comm->init_result = ncclInProgress;
+        snprintf(comm->init_error, sizeof(comm->init_error), "%s: %s: the communicator is still being created",
+                 call, comm->label);
+        atomic_store(&comm->init_started, 1);
+        if (pthread_create(&comm->init_thread, NULL, init_async_main, comm) != 0) {
+            comm_free(comm);
+            return nccl__fail(ncclSystemError, "%s: %s: cannot start the init thread", call, comm->label);
+        }
+        *out = comm;
+        return ncclInProgress;
     }
     if ((r = nccl__comm_init_run(comm)) != ncclSuccess) {
         comm_free(comm);
@@ -170,6 +236,48 @@ NCCL_API ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclU
 NCCL_API ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank)
 {
     return comm_init(comm, nranks, &commId, rank, NULL, NULL, "ncclCommInitRank");
+}
+
+ncclResult_t nccl__comm_from_pg(braid_pg *pg, ncclComm_t parent, const ncclConfig_t *config, ncclComm_t *out,
+                                const char *call)
+{
+    ncclComm_t comm = calloc(1, sizeof(*comm));
+    if (!comm)
+        return nccl__fail(ncclSystemError, "%s: out of memory", call);
+    pthread_mutex_init(&comm->mu, NULL);
+    comm->rank = braid_pg_rank(pg);
+    comm->nranks = braid_pg_size(pg);
+    comm->cuda_dev = parent->cuda_dev;
+    ncclResult_t r = config ? apply_config(comm, config, call) : ncclSuccess;
+    if (r != ncclSuccess) {
+        comm_free(comm);
+        return r;
+    }
+    if (!config) {
+        comm->cfg = parent->cfg;
+        comm->conf = parent->conf;
+        snprintf(comm->transports, sizeof(comm->transports), "%s", parent->transports);
+        comm->cfg.transports = parent->cfg.transports ? comm->transports : NULL;
+    }
+    set_label(comm);
+    comm->pg = pg;
+    comm->init_result = ncclSuccess;
+    *out = comm;
+    return ncclSuccess;
+}
+
+/* NCCL spreads its bootstrap over several roots; braid has one store, so
+ * every rank meets at the first id. Rank 0 made it (NCCL programs, and
+ * torch, have rank 0 make id 0), so its store runs in rank 0's process. */
+NCCL_API ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm, int nranks, int myrank, int nId,
+                                               ncclUniqueId *commIds, ncclConfig_t *config)
+{
+    const char *call = "ncclCommInitRankScalable";
+    if (nId < 1 || nId > nranks)
+        return nccl__fail(ncclInvalidArgument, "%s: nId %d out of range [1, nranks %d]", call, nId, nranks);
+    if (!commIds)
+        return nccl__fail(ncclInvalidArgument, "%s: commIds is NULL", call);
+    return comm_init(newcomm, nranks, &commIds[0], myrank, config, NULL, call);
 }
 
 NCCL_API ncclResult_t ncclCommInitAll(ncclComm_t *comm, int ndev, const int *devlist)
@@ -203,6 +311,12 @@ ncclResult_t nccl__comm_check(ncclComm_t comm, const char *call)
 {
     if (!comm)
         return nccl__fail(ncclInvalidArgument, "%s: comm is NULL", call);
+    /* Nonblocking communicator: its init and last call finish first. */
+    if (!comm->conf.blocking) {
+        ncclResult_t r = nccl__comm_settle(comm, 1);
+        if (r != ncclSuccess)
+            return r;
+    }
     if (comm->init_result == ncclInProgress)
         return nccl__fail(ncclInvalidUsage, "%s: the communicator is created at ncclGroupEnd; use it after that", call);
     if (comm->init_result != ncclSuccess)
@@ -264,6 +378,10 @@ static ncclResult_t comm_release(ncclComm_t comm, int abort, const char *call)
 {
     if (!comm)
         return ncclSuccess;
+    /* A nonblocking init is waited for (it ends at the latest at braid's
+     * timeout); its failure leaves nothing to release but comm itself. */
+    if (atomic_load(&comm->init_started))
+        nccl__comm_settle(comm, 1);
     if (comm->init_result == ncclInProgress)
         return nccl__fail(ncclInvalidUsage, "%s: the communicator is still to be created at ncclGroupEnd", call);
     /* Inside this thread's open group: abort drops the calls recorded on
@@ -279,6 +397,8 @@ static ncclResult_t comm_release(ncclComm_t comm, int abort, const char *call)
     if (!abort)
         nccl__dev_drain(comm);
     quiesce(comm, abort);
+    if (comm->pending)
+        nccl__comm_settle(comm, 1); /* a nonblocking call; aborted above on abort */
     nccl__dev_stop(comm);
     if (comm->pg)
         braid_pg_destroy(comm->pg);
@@ -300,6 +420,11 @@ NCCL_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async
 {
     if (!comm || !asyncError)
         return nccl__fail(ncclInvalidArgument, "ncclCommGetAsyncError: %s is NULL", !comm ? "comm" : "asyncError");
+    /* Nonblocking init or call still running: ncclInProgress, as NCCL. */
+    if (!comm->conf.blocking && nccl__comm_settle(comm, 0) == ncclInProgress) {
+        *asyncError = ncclInProgress;
+        return ncclSuccess;
+    }
     if (comm->init_result != ncclSuccess) {
         *asyncError = comm->init_result;
         return ncclSuccess;
@@ -307,8 +432,15 @@ NCCL_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async
     ncclResult_t async = (ncclResult_t)atomic_load(&comm->async_error);
     if (async != ncclSuccess) {
         const char *text = nccl__dev_error(comm);
-        nccl__fail(async, "%s", text ? text : "a call on device buffers failed"); /* for ncclGetLastError */
+        if (!text)
+            text = comm->async_text[0] ? comm->async_text : "a call that returned before completing failed";
+        nccl__fail(async, "%s", text); /* for ncclGetLastError */
         *asyncError = async;
+        return ncclSuccess;
+    }
+    /* A revoked communicator is quiescent once revoke returned. */
+    if (atomic_load(&comm->revoked)) {
+        *asyncError = ncclSuccess;
         return ncclSuccess;
     }
     *asyncError = nccl__result_of(braid_pg_error(comm->pg));
@@ -445,7 +577,7 @@ static ncclResult_t comm_split(ncclComm_t comm, int color, int key, ncclComm_t *
         r = nccl__from_braid(st, call);
         goto out_free;
     }
-    r = comm_init(newcomm, size, &id, newrank, config, &comm->cfg, call);
+    r = comm_init(newcomm, size, &id, newrank, config, comm, call);
     if (r == ncclSuccess)
         (*newcomm)->cuda_dev = comm->cuda_dev;
 

@@ -12,12 +12,16 @@
 
 static _Thread_local char last_error[1024];
 
+/* NCCL_DEBUG asks for warnings: -1 until read (ncclResetDebugInit). */
+static atomic_int warn_cached = -1;
+
 static int warn_enabled(void)
 {
-    static int cached = -1; /* benign race: every thread computes the same */
+    int cached = atomic_load(&warn_cached);
     if (cached < 0) {
         const char *d = getenv("NCCL_DEBUG");
         cached = d && (!strcasecmp(d, "WARN") || !strcasecmp(d, "INFO") || !strcasecmp(d, "TRACE"));
+        atomic_store(&warn_cached, cached);
     }
     return cached;
 }
@@ -106,6 +110,12 @@ NCCL_API const char *ncclGetErrorString(ncclResult_t result)
         break;
     }
     return "unknown result code";
+}
+
+/* Read NCCL_DEBUG again at the next message (deprecated in NCCL 2.28). */
+NCCL_API void ncclResetDebugInit(void)
+{
+    atomic_store(&warn_cached, -1);
 }
 
 NCCL_API const char *ncclGetLastError(ncclComm_t comm)

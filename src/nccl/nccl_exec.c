@@ -30,6 +30,12 @@ size_t nccl__op_send_bytes(const nccl_op *op, int rank, int nranks)
         return bytes * (size_t)nranks;
     case NCCL_OP_BROADCAST:
         return rank == op->root ? bytes : 0;
+    case NCCL_OP_ALLTOALL:
+        return bytes * (size_t)nranks;
+    case NCCL_OP_GATHER:
+        return bytes;
+    case NCCL_OP_SCATTER:
+        return rank == op->root ? bytes * (size_t)nranks : 0;
     case NCCL_OP_RECV:
         break;
     }
@@ -48,7 +54,12 @@ size_t nccl__op_recv_bytes(const nccl_op *op, int rank, int nranks)
     case NCCL_OP_REDUCE:
         return rank == op->root ? bytes : 0;
     case NCCL_OP_ALLGATHER:
+    case NCCL_OP_ALLTOALL:
         return bytes * (size_t)nranks;
+    case NCCL_OP_GATHER:
+        return rank == op->root ? bytes * (size_t)nranks : 0;
+    case NCCL_OP_SCATTER:
+        return bytes;
     case NCCL_OP_SEND:
         break;
     }
@@ -108,6 +119,12 @@ static braid_status issue(ncclComm_t comm, const nccl_op *op)
         return braid_send(pg, op->send, op->count, op->dtype, op->root, NULL, NULL);
     case NCCL_OP_RECV:
         return braid_recv(pg, op->recv, op->count, op->dtype, op->root, NULL, NULL);
+    case NCCL_OP_ALLTOALL:
+        return braid_alltoall(pg, op->send, op->recv, op->count, op->dtype, NULL, NULL);
+    case NCCL_OP_GATHER:
+        return braid_gather(pg, op->send, op->recv, op->count, op->dtype, op->root, NULL, NULL);
+    case NCCL_OP_SCATTER:
+        return braid_scatter(pg, op->send, op->recv, op->count, op->dtype, op->root, NULL, NULL);
     }
     return BRAID_ERR_INTERNAL;
 }

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "algo/algo.h"
 #include "nccl_internal.h"
 
 typedef struct {
@@ -201,16 +202,45 @@ static ncclResult_t run_batches(void)
     return r;
 }
 
-NCCL_API ncclResult_t ncclGroupEnd(void)
+double nccl__op_estimate_us(ncclComm_t comm, const nccl_op *op)
 {
-    if (tls.depth == 0)
-        return nccl__fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart on this thread");
-    if (--tls.depth > 0)
-        return ncclSuccess;
+    static const braid_est_kind kinds[] = {
+        [NCCL_OP_ALLREDUCE] = BRAID_EST_ALLREDUCE, [NCCL_OP_REDUCE] = BRAID_EST_REDUCE,
+        [NCCL_OP_REDUCE_SCATTER] = BRAID_EST_REDUCE_SCATTER, [NCCL_OP_ALLGATHER] = BRAID_EST_ALLGATHER,
+        [NCCL_OP_BROADCAST] = BRAID_EST_BROADCAST, [NCCL_OP_SEND] = BRAID_EST_P2P, [NCCL_OP_RECV] = BRAID_EST_P2P,
+        [NCCL_OP_ALLTOALL] = BRAID_EST_ALLTOALL, [NCCL_OP_GATHER] = BRAID_EST_GATHER,
+        [NCCL_OP_SCATTER] = BRAID_EST_SCATTER,
+    };
+    return braid__estimate_us(comm->pg, kinds[op->kind], op->count * braid_dtype_size(op->dtype));
+}
+
+/* Microseconds the recorded batches would take: each communicator's calls
+ * one after another, communicators side by side (their ranks progress
+ * together at the end), so the slowest communicator's sum. */
+static double estimate_batches(void)
+{
+    double worst = 0;
+    for (int i = 0; i < tls.nbatches; i++) {
+        comm_batch *b = &tls.batches[i];
+        double sum = 0;
+        for (int k = 0; k < b->n; k++)
+            sum += nccl__op_estimate_us(b->comm, &b->ops[k]);
+        if (sum > worst)
+            worst = sum;
+    }
+    return worst;
+}
+
+/* The outermost end: deferred inits, then the batches run (simulate = 0)
+ * or are only estimated (*estimate_us), and the group state is reset. */
+static ncclResult_t group_finish(int simulate, double *estimate_us)
+{
     ncclResult_t r = ncclSuccess;
     if (tls.inits.n)
         r = nccl__comm_init_run_all((ncclComm_t *)tls.inits.items, tls.inits.n);
-    if (tls.nbatches) {
+    if (tls.nbatches && simulate) {
+        *estimate_us = estimate_batches();
+    } else if (tls.nbatches) {
         ncclResult_t e = run_batches();
         if (r == ncclSuccess)
             r = e;
@@ -221,5 +251,47 @@ NCCL_API ncclResult_t ncclGroupEnd(void)
     tls.batches = NULL;
     tls.capbatches = 0;
     list_clear(&tls.inits);
+    return r;
+}
+
+NCCL_API ncclResult_t ncclGroupEnd(void)
+{
+    if (tls.depth == 0)
+        return nccl__fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart on this thread");
+    if (--tls.depth > 0)
+        return ncclSuccess;
+    double unused = 0;
+    return group_finish(0, &unused);
+}
+
+#define SIM_INFO_MAGIC 0x74685283u
+
+/* NCCL's simulated end: the group closes as at ncclGroupEnd, but its calls
+ * are dropped unrun and simInfo gets their estimated time. simInfo is read
+ * like ncclConfig_t: at most `size` bytes, magic checked. */
+NCCL_API ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t *simInfo)
+{
+    const char *call = "ncclGroupSimulateEnd";
+    ncclSimInfo_t info = NCCL_SIM_INFO_INITIALIZER;
+    if (simInfo) {
+        size_t size;
+        memcpy(&size, simInfo, sizeof(size));
+        if (size > sizeof(info))
+            size = sizeof(info);
+        info.magic = 0;
+        memcpy(&info, simInfo, size);
+        if (info.magic != SIM_INFO_MAGIC)
+            return nccl__fail(ncclInvalidArgument,
+                              "%s: simInfo was not initialised with NCCL_SIM_INFO_INITIALIZER (magic 0x%x)", call,
+                              info.magic);
+    }
+    if (tls.depth == 0)
+        return nccl__fail(ncclInvalidUsage, "%s without ncclGroupStart on this thread", call);
+    if (--tls.depth > 0)
+        return ncclSuccess;
+    double us = 0;
+    ncclResult_t r = group_finish(1, &us);
+    if (r == ncclSuccess && simInfo)
+        simInfo->estimatedTime = (float)us;
     return r;
 }

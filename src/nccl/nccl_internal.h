@@ -36,6 +36,9 @@ typedef enum {
     NCCL_OP_BROADCAST,
     NCCL_OP_SEND,
     NCCL_OP_RECV,
+    NCCL_OP_ALLTOALL,
+    NCCL_OP_GATHER,
+    NCCL_OP_SCATTER,
 } nccl_op_kind;
 
 /* One checked call, as recorded: run at once, at ncclGroupEnd, or by the
@@ -45,7 +48,7 @@ typedef struct {
     const char *call; /* "ncclAllReduce" ... */
     const void *send; /* NULL where the call reads nothing */
     void *recv;       /* NULL where the call writes nothing */
-    size_t count;     /* NCCL's count: per rank for all-gather and reduce-scatter */
+    size_t count;     /* NCCL's count: per rank for all-gather, reduce-scatter, all-to-all, gather, scatter */
     braid_dtype dtype;
     braid_op op;
     nccl_premul pm;   /* pm.used: inputs are scaled by pm.scalar first */
@@ -58,6 +61,13 @@ typedef struct {
 /* A communicator's device worker (nccl_dev.c). */
 typedef struct nccl_worker nccl_worker;
 
+/* What braid takes from an ncclConfig_t (nccl_config.c). */
+typedef struct {
+    int blocking;        /* 1 unless the config said 0 */
+    char net[16];        /* braid transport list ("tcp", "verbs"), "" for automatic */
+    char name[128];      /* commName, "" when none */
+} nccl_comm_config;
+
 struct ncclComm {
     braid_pg *pg; /* NULL until init completes (deferred in a group) */
     int rank, nranks, cuda_dev;
@@ -66,7 +76,21 @@ struct ncclComm {
     ncclUniqueId id; /* for a deferred init */
     braid_config cfg;
     char transports[16]; /* cfg.transports points here */
+    nccl_comm_config conf;
+    char label[160]; /* "rank 2 of 4 (commName)" in error texts */
     int finalized;
+    atomic_int revoked; /* ncclCommRevoke: only destroy, abort and shrink remain */
+
+    /* Nonblocking init (config blocking = 0): runs on init_thread, which
+     * sets init_done; init_result is ncclInProgress until joined. */
+    pthread_t init_thread;
+    atomic_int init_started, init_done;
+
+    /* Nonblocking host call in flight: returned ncclInProgress, completed
+     * by ncclCommGetAsyncError or the next call. Guarded by mu. */
+    braid_work *pending;
+    nccl_op pending_op;
+    char async_text[512]; /* text of the first such call's failure */
     /* Calls (and open groups) using pg right now; ncclCommAbort, which may
      * come from a watchdog thread, aborts pg and waits for them to leave
      * before freeing it. */
@@ -98,7 +122,19 @@ ncclResult_t nccl__from_braid(braid_status st, const char *call);
 /* NCCL code for a braid status. */
 ncclResult_t nccl__result_of(braid_status st);
 
+/* ---- configuration (nccl_config.c) ---- */
+
+/* Read config (NULL: defaults) the way NCCL 2.28 does: `size` bytes of it
+ * at most, the fields that existed at its `version`, magic checked, every
+ * field range-checked. Fails with ncclInvalidArgument (text set). */
+ncclResult_t nccl__config_read(const ncclConfig_t *config, nccl_comm_config *out, const char *call);
+
 /* ---- communicators (nccl_comm.c) ---- */
+
+/* Finish a nonblocking init and a nonblocking call still in flight on
+ * comm; returns the first failure (text set), ncclSuccess when none. With
+ * wait = 0, ncclInProgress while either is still running. */
+ncclResult_t nccl__comm_settle(ncclComm_t comm, int wait);
 
 /* The device the calling thread's CUDA context is on, or -1 (nccl_mem.c). */
 int nccl__current_device(void);
@@ -111,6 +147,11 @@ ncclResult_t nccl__comm_check(ncclComm_t comm, const char *call);
 ncclResult_t nccl__comm_enter(ncclComm_t comm, const char *call);
 void nccl__comm_leave(ncclComm_t comm);
 
+/* Wrap pg (which it then owns) in a new communicator: configuration from
+ * config, or parent's when NULL (ncclCommShrink). */
+ncclResult_t nccl__comm_from_pg(braid_pg *pg, ncclComm_t parent, const ncclConfig_t *config, ncclComm_t *out,
+                                const char *call);
+
 /* Run a deferred init now (group end); returns its result. */
 ncclResult_t nccl__comm_init_run(ncclComm_t comm);
 
@@ -119,6 +160,10 @@ ncclResult_t nccl__comm_init_run(ncclComm_t comm);
 ncclResult_t nccl__comm_init_run_all(ncclComm_t *comms, int n);
 
 /* ---- groups (nccl_group.c) ---- */
+
+/* braid's estimate, in microseconds, of how long op takes on comm
+ * (ncclGroupSimulateEnd). */
+double nccl__op_estimate_us(ncclComm_t comm, const nccl_op *op);
 
 /* 1 while this thread is inside ncclGroupStart/End. */
 int nccl__group_active(void);

@@ -20,7 +20,8 @@
 static const char *dtype_name(ncclDataType_t t)
 {
     static const char *const names[] = {"ncclInt8",   "ncclUint8",   "ncclInt32",   "ncclUint32",  "ncclInt64",
-                                        "ncclUint64", "ncclFloat16", "ncclFloat32", "ncclFloat64", "ncclBfloat16"};
+                                        "ncclUint64", "ncclFloat16", "ncclFloat32", "ncclFloat64", "ncclBfloat16",
+                                        "ncclFloat8e4m3", "ncclFloat8e5m2"};
     return (unsigned)t < ncclNumTypes ? names[t] : "an invalid datatype";
 }
 
@@ -36,9 +37,16 @@ ncclResult_t nccl__map_dtype(ncclDataType_t t, int reducing, ncclRedOp_t op, bra
         [ncclInt8] = BRAID_I8,     [ncclUint8] = BRAID_U8,      [ncclInt32] = BRAID_I32,   [ncclUint32] = BRAID_I32,
         [ncclInt64] = BRAID_I64,   [ncclUint64] = BRAID_I64,    [ncclFloat16] = BRAID_F16, [ncclFloat32] = BRAID_F32,
         [ncclFloat64] = BRAID_F64, [ncclBfloat16] = BRAID_BF16,
+        /* fp8 is moved as bytes; braid's engine has no fp8 arithmetic. */
+        [ncclFloat8e4m3] = BRAID_U8, [ncclFloat8e5m2] = BRAID_U8,
     };
     if ((unsigned)t >= ncclNumTypes)
         return nccl__fail(ncclInvalidArgument, "%s: invalid datatype %d", call, (int)t);
+    if (reducing && (t == ncclFloat8e4m3 || t == ncclFloat8e5m2))
+        return nccl__fail(ncclInvalidUsage,
+                          "%s: reductions on %s are not supported: braid's engine has no fp8 arithmetic (it moves "
+                          "fp8 data in broadcast, gather, all-gather, all-to-all and send/receive)",
+                          call, dtype_name(t));
     if (reducing && (t == ncclUint32 || t == ncclUint64) && (op == ncclMax || op == ncclMin || op == ncclAvg))
         return nccl__fail(ncclInvalidUsage,
                           "%s: %s with %s is not supported: braid reduces unsigned 32/64-bit values only with "
@@ -179,7 +187,7 @@ NCCL_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, nc
     if (residence != ncclScalarDevice && residence != ncclScalarHostImmediate)
         return nccl__fail(ncclInvalidArgument, "%s: invalid residence %d", call, (int)residence);
     braid_dtype bt = BRAID_DTYPE_COUNT; /* set on success */
-    if ((r = nccl__map_dtype(datatype, 0, ncclSum, &bt, call)) != ncclSuccess)
+    if ((r = nccl__map_dtype(datatype, 1, ncclSum, &bt, call)) != ncclSuccess)
         return r;
     nccl_premul pm = {.used = 1, .dtype = datatype, .residence = residence, .scalar_ptr = scalar};
     if (residence == ncclScalarHostImmediate)

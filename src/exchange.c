@@ -1,0 +1,152 @@
+/* All-to-all, gather and scatter: collectives whose every byte has one
+ * source and one destination, so there is nothing to reduce or forward.
+ * Each is one braid group of sends and receives (group.c): the executor
+ * progresses all of a rank's transfers together, so no ordering of peers
+ * can deadlock, and the p2p layer's fingerprints catch ranks that disagree
+ * on count or dtype. A rank's own block is a send to itself paired with a
+ * receive from itself inside the group, i.e. one copy, skipped when the
+ * call is in place. Work handles, nesting inside an open group and the
+ * failure path are the group's. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "coll_check.h"
+#include "pg.h"
+#include "status.h"
+
+/* One transfer of the plan: this rank's block for/from `peer`. */
+typedef struct {
+    const char *send; /* NULL: nothing to send to peer */
+    char *recv;       /* NULL: nothing to receive from peer */
+} exchange_slot;
+
+/* Record sends and receives (peer order, starting after this rank so that
+ * rank r's first message goes to r+1, spreading the load), then run them
+ * as one group. */
+static braid_status exchange_run(braid_pg *pg, const exchange_slot *slots, size_t count, braid_dtype dtype,
+                                 braid_work **work)
+{
+    int n = pg->size, rank = pg->rank;
+    if (work)
+        *work = NULL;
+    braid_status st = braid_group_start(pg);
+    if (st != BRAID_OK)
+        return st;
+    for (int k = 0; k < n && st == BRAID_OK; k++) {
+        int peer = (rank + k) % n;
+        if (slots[peer].send)
+            st = braid_send(pg, slots[peer].send, count, dtype, peer, NULL, NULL);
+        if (st == BRAID_OK && slots[peer].recv)
+            st = braid_recv(pg, slots[peer].recv, count, dtype, peer, NULL, NULL);
+    }
+    /* The group is closed also when recording failed; then nothing runs
+     * that the caller would have to wait for. */
+    braid_status end = braid_group_end(pg, st == BRAID_OK ? work : NULL);
+    return st != BRAID_OK ? st : end;
+}
+
+/* Run the plan and free it. */
+static braid_status exchange_with_plan(braid_pg *pg, exchange_slot *slots, size_t count, braid_dtype dtype,
+                                       braid_work **work)
+{
+    braid_status st = exchange_run(pg, slots, count, dtype, work);
+    free(slots);
+    return st;
+}
+
+/* An empty plan, one slot per rank. */
+static braid_status slots_alloc(const braid_pg *pg, const char *name, exchange_slot **out)
+{
+    *out = calloc((size_t)pg->size, sizeof(**out));
+    if (!*out)
+        return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: %s: out of memory for %d peers", pg->rank, name, pg->size);
+    return BRAID_OK;
+}
+
+static braid_status check_root(const braid_pg *pg, const char *name, int root)
+{
+    if (root < 0 || root >= pg->size)
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: root %d out of range [0, %d)", pg->rank, name, root,
+                            pg->size);
+    return BRAID_OK;
+}
+
+BRAID_API braid_status braid_alltoall(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
+                                      void *cuda_stream, braid_work **work)
+{
+    const char *name = "alltoall";
+    BRAID_CHECK(braid__check_common(pg, name, count, 1, dtype, cuda_stream));
+    BRAID_CHECK(braid__check_ptr(pg, name, "send", send, count));
+    BRAID_CHECK(braid__check_ptr(pg, name, "recv", recv, count));
+    BRAID_CHECK(braid__check_host(pg, name, "send", send, count));
+    BRAID_CHECK(braid__check_host(pg, name, "recv", recv, count));
+    size_t bytes = count * braid_dtype_size(dtype), total = bytes * (size_t)pg->size;
+    /* Every block of recv is written while others of send are still to be
+     * read: there is no in-place form (NCCL has none either). */
+    if (braid__overlap(send, total, recv, total))
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: send and recv overlap; all-to-all has no in-place form",
+                            pg->rank, name);
+    exchange_slot *slots;
+    BRAID_CHECK(slots_alloc(pg, name, &slots));
+    for (int p = 0; p < pg->size; p++)
+        slots[p] = (exchange_slot){(const char *)send + (size_t)p * bytes, (char *)recv + (size_t)p * bytes};
+    return exchange_with_plan(pg, slots, count, dtype, work);
+}
+
+/* Gather (gather = 1: every rank's `block` goes to the root's `all`) and
+ * scatter (gather = 0: the root's `all` is dealt out into every `block`).
+ * all holds size blocks and is only used on the root; the call is in place
+ * there when block is the root's own block of all. */
+static braid_status rooted(braid_pg *pg, const char *name, int gather, const void *all, const void *block, size_t count,
+                           braid_dtype dtype, int root, void *cuda_stream, braid_work **work)
+{
+    const char *all_name = gather ? "recv" : "send", *block_name = gather ? "send" : "recv";
+    BRAID_CHECK(braid__check_common(pg, name, count, 1, dtype, cuda_stream));
+    BRAID_CHECK(check_root(pg, name, root));
+    BRAID_CHECK(braid__check_ptr(pg, name, block_name, block, count));
+    BRAID_CHECK(braid__check_host(pg, name, block_name, block, count));
+    size_t bytes = count * braid_dtype_size(dtype);
+    /* all is only valid on the root (NULL elsewhere, as NCCL allows) */
+    int in_place = pg->rank == root && all && (const char *)block == (const char *)all + (size_t)root * bytes;
+    if (pg->rank == root) {
+        char what[32];
+        snprintf(what, sizeof(what), "%s on the root", all_name);
+        BRAID_CHECK(braid__check_ptr(pg, name, what, all, count));
+        BRAID_CHECK(braid__check_host(pg, name, all_name, all, count));
+        if (!in_place && braid__overlap(block, bytes, all, bytes * (size_t)pg->size))
+            return braid__error(BRAID_ERR_INVALID_ARG,
+                                "rank %d: %s: %s overlaps %s without being its block %d (in place)", pg->rank, name,
+                                block_name, all_name, root);
+    }
+    exchange_slot *slots;
+    BRAID_CHECK(slots_alloc(pg, name, &slots));
+    if (pg->rank == root)
+        for (int p = 0; p < pg->size; p++) {
+            const char *b = (const char *)all + (size_t)p * bytes;
+            if (p == root && in_place)
+                continue; /* the block is already where it belongs */
+            if (gather)
+                slots[p].recv = (char *)b;
+            else
+                slots[p].send = b;
+        }
+    if (!in_place) {
+        if (gather)
+            slots[root].send = block;
+        else
+            slots[root].recv = (char *)block;
+    }
+    return exchange_with_plan(pg, slots, count, dtype, work);
+}
+
+BRAID_API braid_status braid_gather(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
+                                    int root, void *cuda_stream, braid_work **work)
+{
+    return rooted(pg, "gather", 1, recv, send, count, dtype, root, cuda_stream, work);
+}
+
+BRAID_API braid_status braid_scatter(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
+                                     int root, void *cuda_stream, braid_work **work)
+{
+    return rooted(pg, "scatter", 0, send, recv, count, dtype, root, cuda_stream, work);
+}
