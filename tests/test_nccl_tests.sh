@@ -4,8 +4,9 @@
 # client of the NCCL API must compile and link against braid as it does
 # against NCCL. The six *_perf binaries scripts/gpu-check runs are built,
 # for one architecture, into this build directory (the source tree is
-# only read: it may be read-only). On a machine with a GPU, all_reduce_perf
-# also runs one size and must report braid's library version.
+# only read: it may be read-only), and must load braid's libnccl.so.2 and
+# report its version (nccl-library=). On a machine with a GPU,
+# all_reduce_perf also runs one checked size.
 #
 #   test_nccl_tests.sh TREE OUT_DIR NCCL_H LIBNCCL_SO NVCC [ARCH]
 #
@@ -63,12 +64,22 @@ for t in $perf; do
 done
 [ $failed -eq 0 ] && echo "all six link braid's libnccl.so.2"
 
+# Its first line names the library it runs on (printed before any device
+# is touched): braid's version, not NVIDIA's.
+want=$(sed -n 's/^#define NCCL_VERSION_CODE \([0-9]*\).*/\1/p' "$nccl_h")
+first=$(LD_LIBRARY_PATH="$home/lib" timeout 60 "$out/bin/all_reduce_perf" -b 8 -e 8 -g 1 2>&1 | head -n 1)
+if ! echo "$first" | grep -q "nccl-library=$want"; then
+    echo "FAIL: all_reduce_perf's first line is '$first', want nccl-library=$want (braid's)"
+    failed=1
+else
+    echo "$first"
+fi
+
 # With a GPU: one run, checked, and braid's version in its first line.
 if command -v nvidia-smi > /dev/null && nvidia-smi -L > /dev/null 2>&1; then
     log=$out/all_reduce_perf.log
     LD_LIBRARY_PATH="$home/lib" timeout 60 "$out/bin/all_reduce_perf" -b 1M -e 1M -g 1 -c 1 -n 2 -w 1 > "$log" 2>&1
     rc=$?
-    want=$(sed -n 's/^#define NCCL_VERSION_CODE \([0-9]*\).*/\1/p' "$nccl_h")
     if [ $rc -ne 0 ] || ! grep -q "nccl-library=$want" "$log" || ! grep -q 'Out of bounds values : 0 OK' "$log"; then
         cat "$log"
         echo "FAIL: all_reduce_perf on braid (exit $rc; want nccl-library=$want and 0 wrong)"
