@@ -10,10 +10,14 @@
 #
 #   test_nccl_tests.sh TREE OUT_DIR NCCL_H LIBNCCL_SO NVCC [ARCH]
 #
-# Exits 77 with the reason when TREE is empty or missing, or there is no
-# nvcc. Prints the build time.
+# Exits 77 with the reason when TREE is empty or missing, there is no
+# nvcc, or NCCL_TESTS_SKIP names a reason (sanitizer builds). Prints the build time.
 set -u
 tree=$1 out=$2 nccl_h=$3 libnccl=$4 nvcc=$5 arch=${6:-90}
+if [ -n "${NCCL_TESTS_SKIP:-}" ]; then
+    echo "SKIP: $NCCL_TESTS_SKIP"
+    exit 77
+fi
 if [ -z "$tree" ]; then
     echo "SKIP: no nccl-tests tree given (meson option nccl_tests is empty)"
     exit 77
