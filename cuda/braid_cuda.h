@@ -23,6 +23,7 @@
 #define BRAID_CUDA_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "braid.h"
 
@@ -59,6 +60,11 @@ typedef enum {
     BRAID_CUDA_PTR_DEVICE,   /**< cudaMalloc'd device memory */
     BRAID_CUDA_PTR_MANAGED,  /**< cudaMallocManaged */
 } braid_cuda_ptr_kind;
+
+/** Whether a CUDA context may exist in the process (current on the calling
+ *  thread, or an active primary context), asked of the driver only if
+ *  someone loaded it: never initializes CUDA. */
+int braid__cuda_context_seen(void);
 
 /** Memory type of p (cudaPointerGetAttributes). HOST when CUDA is
  *  unavailable; *device (may be NULL) gets the owning device or -1. */
@@ -97,6 +103,44 @@ braid_status braid__cuda_reduce_cast(braid_dtype dst_dtype, void *dst, braid_dty
  *  f16/bf16. Scaling before summing keeps f16 sums of many ranks finite. */
 braid_status braid__cuda_reduce_premul(braid_dtype dtype, void *dst, const void *const *srcs, int nsrcs,
                                        size_t count, double scale, void *stream);
+
+/** Loads every braid kernel now (cudaFuncGetAttributes on each). With CUDA's
+ *  lazy module loading (the default since CUDA 12.2) a kernel's first launch
+ *  may synchronize the device; braid calls this before it holds any stream,
+ *  so no later launch can wait for a stream braid itself holds. */
+braid_status braid__cuda_preload(void);
+
+/** Queues on stream a wait, on the device, until *flag reaches want (as a
+ *  wrapping 32-bit sequence: (int32_t)(*flag - want) >= 0). flag is the
+ *  device address of mapped pinned host memory that the host writes. A
+ *  one-thread kernel that polls: unlike a host function (cudaLaunchHostFunc,
+ *  run on the process's one callback thread) it holds nothing but its
+ *  stream. */
+braid_status braid__cuda_wait_flag(const volatile uint32_t *flag, uint32_t want, void *stream);
+
+/* ---- stream gates (cuda_gate.c) -------------------------------------------------
+ * A gate holds a caller's stream until the host opens it: later work queued
+ * on the stream starts after the collective's result is in place, and the
+ * caller's thread never waits. Flags live in one process-wide array of
+ * mapped pinned memory, allocated once (with braid__cuda_preload) by
+ * braid__cuda_gate_prepare and never freed: a gate kernel may still be
+ * queued behind other work when its group is destroyed. */
+
+typedef struct {
+    uint32_t slot, seq;
+    int armed;
+} braid_cuda_gate;
+
+/** Loads the kernels and allocates the gate flags, once per process; later
+ *  calls return the first call's result. Call before holding any stream. */
+braid_status braid__cuda_gate_prepare(void);
+
+/** Queues a closed gate on stream (NULL: the legacy default stream). */
+braid_status braid__cuda_gate_arm(braid_cuda_gate *g, void *stream);
+
+/** Opens g (no CUDA call: any thread, any time); a no-op when g was not
+ *  armed or is open already. */
+void braid__cuda_gate_open(braid_cuda_gate *g);
 
 /* ---- runtime helpers ---------------------------------------------------------- */
 

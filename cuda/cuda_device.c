@@ -151,6 +151,11 @@ static int contexts_may_exist(void)
 #endif
 }
 
+int braid__cuda_context_seen(void)
+{
+    return contexts_may_exist();
+}
+
 braid_cuda_ptr_kind braid__cuda_ptr_kind(const void *p, int *device)
 {
     struct cudaPointerAttributes attr;

@@ -32,6 +32,11 @@ int braid__cuda_sm_count(int device)
     return 0;
 }
 
+int braid__cuda_context_seen(void)
+{
+    return 0;
+}
+
 braid_cuda_ptr_kind braid__cuda_ptr_kind(const void *p, int *device)
 {
     (void)p;
@@ -84,4 +89,15 @@ braid_status braid__cuda_stream_sync(void *stream)
 {
     (void)stream;
     return braid__error(BRAID_ERR_UNSUPPORTED, "cuda stream sync: " NO_CUDA);
+}
+
+braid_status braid__cuda_preload(void)
+{
+    return braid__error(BRAID_ERR_UNSUPPORTED, "cuda preload: " NO_CUDA);
+}
+
+braid_status braid__cuda_wait_flag(const volatile uint32_t *flag, uint32_t want, void *stream)
+{
+    (void)flag, (void)want, (void)stream;
+    return braid__error(BRAID_ERR_UNSUPPORTED, "cuda gate: " NO_CUDA);
 }

@@ -9,10 +9,11 @@
  *    k+1 down (d2h stream) and piece k-1 back (h2d stream) while the host
  *    algorithm runs on piece k in the other pinned buffer.
  *  - work == NULL: the call returns once the result is in device memory.
- *    work != NULL: the call returns at once; a host function queued on the
- *    caller's stream (cudaLaunchHostFunc) holds that stream until the job
- *    has copied its result back (or failed, or was dropped unrun), so later
- *    kernels on the stream see the result without the caller waiting.
+ *    work != NULL: the call returns at once; a gate on the caller's stream
+ *    (cuda/cuda_gate.c: a one-thread kernel polling a mapped flag) holds
+ *    that stream until the job has copied its result back (or failed, or
+ *    was dropped unrun), so later kernels on the stream see the result
+ *    without the caller waiting.
  *
  *  - All-reduces larger than one piece on device buffers (send and recv
  *    both device memory) do not stage whole pieces: they run the ring
@@ -23,14 +24,17 @@
  *    overlap; the segmentation is the host ring's, so results are bit for
  *    bit those of a host call of the same size.
  *
- * The host function only waits on a condition variable and never calls
- * CUDA (which host functions must not do); whatever CUDA teardown a job
- * needs is done on the job's side. Pinned buffers are allocated once per
- * group at their full size, never reallocated: cudaFreeHost may synchronize
- * the device, which would deadlock against a caller stream held by our own
- * host function. */
+ * Not a host function (cudaLaunchHostFunc): CUDA runs those of every
+ * stream of the process on one callback thread, so a blocked one would
+ * hold every other group's streams too (two ranks as threads of one
+ * process deadlock). While a gate is held, the job makes no call that may
+ * synchronize the device: kernels are loaded and the gate flags allocated
+ * before the first gate (braid__cuda_gate_prepare), and pinned buffers are
+ * allocated once per group at their full size, never reallocated
+ * (cudaHostAlloc and cudaFreeHost wait for busy blocking streams). */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -70,14 +74,10 @@ struct braid_hmem {
     struct braid_hmem_job *jobs; /* submitted, not yet released (under init_mu) */
 };
 
-/* Per-job state shared by the job and the host function on the caller's
- * stream; whichever lets go last frees it. */
+/* Per-job state, freed by braid__hmem_coll_release. */
 struct braid_hmem_job {
-    atomic_int refs;
     atomic_int released;      /* braid__hmem_coll_release ran */
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int open;                 /* the caller's stream may go on */
+    braid_cuda_gate gate;     /* armed on the caller's stream when work != NULL */
     int device;
     int dring;                /* may run as the device ring (use_device_ring) */
     cudaEvent_t ready;        /* recorded on the caller's stream at submission */
@@ -98,6 +98,16 @@ static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
         }                                                                                      \
     } while (0)
 
+/* The last error's text without its status name, copied out of the
+ * buffer the next braid__error writes: the cause inside a wider message. */
+static const char *cause_text(void)
+{
+    static _Thread_local char why[256];
+    const char *e = braid_last_error(), *colon = strstr(e, ": ");
+    snprintf(why, sizeof(why), "%s", colon ? colon + 2 : e);
+    return why;
+}
+
 int braid__mem_is_device(const void *p)
 {
     return braid__cuda_ptr_kind(p, NULL) != BRAID_CUDA_PTR_HOST;
@@ -105,33 +115,10 @@ int braid__mem_is_device(const void *p)
 
 /* ---- the job and its gate ----------------------------------------------- */
 
-static void job_unref(struct braid_hmem_job *job)
-{
-    if (atomic_fetch_sub(&job->refs, 1) == 1) {
-        pthread_mutex_destroy(&job->mu);
-        pthread_cond_destroy(&job->cv);
-        free(job);
-    }
-}
-
+/* Lets the caller's stream go on (idempotent, no CUDA call). */
 static void gate_open(struct braid_hmem_job *job)
 {
-    pthread_mutex_lock(&job->mu);
-    job->open = 1;
-    pthread_cond_broadcast(&job->cv);
-    pthread_mutex_unlock(&job->mu);
-}
-
-/* Runs on CUDA's callback thread, in the caller's stream: holds the stream
- * until the job is done with the caller's buffers. No CUDA calls here. */
-static void CUDART_CB gate_wait(void *arg)
-{
-    struct braid_hmem_job *job = arg;
-    pthread_mutex_lock(&job->mu);
-    while (!job->open)
-        pthread_cond_wait(&job->cv, &job->mu);
-    pthread_mutex_unlock(&job->mu);
-    job_unref(job);
+    braid__cuda_gate_open(&job->gate);
 }
 
 void braid__hmem_coll_release(braid_coll *coll)
@@ -162,7 +149,7 @@ void braid__hmem_coll_release(braid_coll *coll)
             BRAID_WARN("cuda staging: cudaEventDestroy failed: %s", cudaGetErrorString(err));
         }
     }
-    job_unref(job);
+    free(job);
 }
 
 /* ---- per-group state ------------------------------------------------------ */
@@ -220,7 +207,12 @@ static braid_status state_create(braid_pg *pg, int device, struct braid_hmem **o
     if (!h)
         return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for cuda staging state", pg->rank);
     h->device = device;
-    braid_status st = BRAID_OK;
+    braid_status st = braid__cuda_gate_prepare();
+    if (st != BRAID_OK) {
+        free(h);
+        return braid__error(st, "rank %d: cannot set up cuda staging on device %d: %s", pg->rank, device,
+                            cause_text());
+    }
     cudaError_t err = cudaStreamCreateWithFlags(&h->d2h, cudaStreamNonBlocking);
     if (err == cudaSuccess)
         err = cudaStreamCreateWithFlags(&h->h2d, cudaStreamNonBlocking);
@@ -262,6 +254,23 @@ static braid_status state_create(braid_pg *pg, int device, struct braid_hmem **o
     }
     *out = h;
     return BRAID_OK;
+}
+
+static braid_status state_get(braid_pg *pg, int device, const char *op);
+
+void braid__hmem_pg_prepare(braid_pg *pg)
+{
+    int device = -1;
+    if (!braid__cuda_context_seen() || !braid__cuda_available())
+        return; /* CPU-only processes stay CUDA-free */
+    if (cudaGetDevice(&device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return;
+    }
+    if (state_get(pg, device, "braid_pg_init") != BRAID_OK)
+        BRAID_INFO("rank %d: cuda staging not set up at group creation (retried at the first device call): %s",
+                   pg->rank, braid_last_error());
+    braid__error_clear();
 }
 
 void braid__hmem_pg_release(braid_pg *pg)
@@ -372,10 +381,7 @@ braid_status braid__hmem_submit(braid_pg *pg, const braid_coll *coll, void *cuda
     struct braid_hmem_job *job = calloc(1, sizeof(*job));
     if (!job)
         return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for a cuda staging job", pg->rank);
-    pthread_mutex_init(&job->mu, NULL);
-    pthread_cond_init(&job->cv, NULL);
     atomic_init(&job->released, 0);
-    atomic_init(&job->refs, 1);
     job->device = device;
     job->dring = use_device_ring(coll, both);
     braid_coll c = *coll;
@@ -383,19 +389,18 @@ braid_status braid__hmem_submit(braid_pg *pg, const braid_coll *coll, void *cuda
     cudaError_t err = cudaEventCreateWithFlags(&job->ready, cudaEventDisableTiming);
     if (err == cudaSuccess)
         err = cudaEventRecord(job->ready, stream);
-    if (err == cudaSuccess && work) {
-        /* The gate goes onto the stream before the job exists, so a job
-         * that fails to queue still opens it (through the release). */
-        atomic_fetch_add(&job->refs, 1);
-        err = cudaLaunchHostFunc(stream, gate_wait, job);
-        if (err != cudaSuccess)
-            atomic_fetch_sub(&job->refs, 1);
-    }
     if (err != cudaSuccess) {
         (void)cudaGetLastError();
         braid__hmem_coll_release(&c);
         return braid__error(BRAID_ERR_CUDA, "rank %d: %s: cannot order the call on the caller's stream: %s",
                             pg->rank, op, cudaGetErrorString(err));
+    }
+    /* The gate goes onto the stream before the job exists, so a job that
+     * fails to queue still opens it (through the release). */
+    braid_status gst = work ? braid__cuda_gate_arm(&job->gate, stream) : BRAID_OK;
+    if (gst != BRAID_OK) {
+        braid__hmem_coll_release(&c);
+        return braid__error(gst, "rank %d: %s: cannot hold the caller's stream: %s", pg->rank, op, cause_text());
     }
     pthread_mutex_lock(&init_mu);
     job->owner = pg->hmem;

@@ -29,6 +29,11 @@ void braid__hmem_coll_release(braid_coll *coll)
     coll->hmem = NULL;
 }
 
+void braid__hmem_pg_prepare(braid_pg *pg)
+{
+    (void)pg;
+}
+
 void braid__hmem_pg_release(braid_pg *pg)
 {
     (void)pg;

@@ -331,3 +331,81 @@ extern "C" braid_status braid__cuda_reduce_premul(braid_dtype dtype, void *dst, 
     fill_srcs(p, dst, srcs, nsrcs, count, 0, scale);
     return launch(fn, p, dtype_bytes(dtype), dtype_bytes(dtype), stream, "premul", dtype, dtype, "premul-sum");
 }
+
+/* ---- stream gate and preloading ------------------------------------------------- */
+
+#ifdef BRAID_CUDA_EMU_RUNTIME_H
+/* The host emulation (cuda/emu/) runs a kernel at its launch, so the gate
+ * waits right there and there is nothing to load. */
+extern "C" braid_status braid__cuda_wait_flag(const volatile uint32_t *flag, uint32_t want, void *stream)
+{
+    (void)stream;
+    while ((int32_t)(*flag - want) < 0)
+        ;
+    return BRAID_OK;
+}
+
+extern "C" braid_status braid__cuda_preload(void)
+{
+    return BRAID_OK;
+}
+#else
+
+namespace {
+
+/* Holds its stream until the host stores want (or later) into *flag,
+ * mapped pinned memory read over the bus; one thread, sleeping between
+ * reads so that it costs next to nothing while it waits. */
+__global__ void k_gate(const volatile uint32_t *flag, uint32_t want)
+{
+    while ((int32_t)(*flag - want) < 0)
+        __nanosleep(2000);
+}
+
+braid_status preload_one(const void *fn, const char *what)
+{
+    cudaFuncAttributes a;
+    cudaError_t err = cudaFuncGetAttributes(&a, fn);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        return braid__error(BRAID_ERR_CUDA, "cuda preload: cannot load the %s kernel: %s", what,
+                            cudaGetErrorString(err));
+    }
+    return BRAID_OK;
+}
+
+} // namespace
+
+extern "C" braid_status braid__cuda_wait_flag(const volatile uint32_t *flag, uint32_t want, void *stream)
+{
+    if (!braid__cuda_available())
+        return braid__error(BRAID_ERR_UNSUPPORTED, "cuda gate: %s", braid__cuda_unavailable_reason());
+    k_gate<<<1, 1, 0, (cudaStream_t)stream>>>(flag, want);
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess)
+        return braid__error(BRAID_ERR_CUDA, "cuda gate: kernel launch failed: %s", cudaGetErrorString(err));
+    return BRAID_OK;
+}
+
+/* cudaFuncGetAttributes loads a kernel under lazy loading, so every
+ * kernel of the tables (and the gate) is resident before braid holds any
+ * stream (braid_cuda.h). */
+extern "C" braid_status braid__cuda_preload(void)
+{
+    if (!braid__cuda_available())
+        return braid__error(BRAID_ERR_UNSUPPORTED, "cuda preload: %s", braid__cuda_unavailable_reason());
+    BRAID_CHECK(preload_one((const void *)k_gate, "gate"));
+    for (int d = 0; d < BRAID_DTYPE_COUNT; d++) {
+        if (tables.premul[d])
+            BRAID_CHECK(preload_one((const void *)tables.premul[d], "premul"));
+        for (int o = 0; o < BRAID_OP_COUNT; o++) {
+            if (tables.same[d][o])
+                BRAID_CHECK(preload_one((const void *)tables.same[d][o], "reduce"));
+            for (int t = 0; t < BRAID_DTYPE_COUNT; t++)
+                if (tables.cast[d][t][o])
+                    BRAID_CHECK(preload_one((const void *)tables.cast[d][t][o], "cast"));
+        }
+    }
+    return BRAID_OK;
+}
+#endif

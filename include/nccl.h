@@ -25,12 +25,17 @@
 #include <cuda_runtime.h>
 #endif
 #endif
-#if defined(CUDART_VERSION)
+/* As NVIDIA's nccl.h: half and (CUDA 11 on) __nv_bfloat16 come with it;
+ * nccl-tests needs both. */
+#if defined(CUDART_VERSION) && defined(__has_include)
+#if __has_include(<cuda_fp16.h>)
 #include <cuda_fp16.h>
-#if CUDART_VERSION >= 11000
+#endif
+#if CUDART_VERSION >= 11000 && __has_include(<cuda_bf16.h>)
 #include <cuda_bf16.h>
 #endif
-#else
+#endif
+#if !defined(CUDART_VERSION)
 /* The CUDA runtime's own declaration; repeating it later is harmless. */
 typedef struct CUstream_st *cudaStream_t;
 #endif

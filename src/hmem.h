@@ -38,6 +38,15 @@ braid_status braid__hmem_coll_run(braid_pg *pg, braid_coll *coll);
  * caller's stream here (its data is left as it was). Idempotent. */
 void braid__hmem_coll_release(braid_coll *coll);
 
+/* At group creation, before the rendezvous: where the calling thread has
+ * a CUDA context, set up the group's staging state on its current device
+ * now. Allocating pinned memory waits for busy blocking streams, so doing
+ * it at the first device call could wait for another rank's stream that
+ * braid holds (two ranks as threads of one process); before the
+ * rendezvous no rank of this group can hold one yet. Failures only
+ * postpone the set-up to the first device call (logged). */
+void braid__hmem_pg_prepare(braid_pg *pg);
+
 /* Free the group's pinned buffers, streams and events (group teardown,
  * after the executor stopped). */
 void braid__hmem_pg_release(braid_pg *pg);

@@ -403,6 +403,7 @@ out:
 static braid_status pg_join(braid_pg *pg, const braid_rendezvous *rv, const braid_config *cfg)
 {
     BRAID_CHECK(apply_config(pg, cfg));
+    braid__hmem_pg_prepare(pg); /* before any rank of the group can hold a stream */
     memcpy(pg->ctx.secret, rv->secret, sizeof(pg->ctx.secret));
     pg->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (pg->wake_fd < 0)

@@ -11,7 +11,16 @@
  * handles ({pid, fd, size}) open in other processes through
  * /proc/<pid>/fd/<fd>. A shared event is recorded in one process and
  * waited on in another, where no condition variable reaches: waits on one
- * poll. */
+ * poll.
+ *
+ * CUDA's rules that a host-only model easily forgets are kept (see
+ * cuda_fake/cuda_runtime_api.h): one callback thread runs every host
+ * function of the process in turn; a CUDA call from a host function
+ * aborts; the legacy stream and blocking streams wait for each other's
+ * earlier work; the synchronous copy/set/pinned-allocation calls go
+ * through the legacy stream; the first launch of a kernel synchronizes
+ * the device unless braid__cuda_preload ran. A design that holds a stream
+ * against one of these hangs here as it does on a GPU. */
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -28,7 +37,14 @@
 #include "reduce/reduce.h"
 #include "status.h"
 
-enum { OP_COPY, OP_RECORD, OP_WAIT, OP_HOSTFN, OP_KERNEL };
+enum { OP_COPY, OP_RECORD, OP_WAIT, OP_HOSTFN, OP_KERNEL, OP_NOP, OP_FLAG };
+
+/* Work of another stream an op waits for first (legacy-stream implicit
+ * synchronization): stream id and its op count at the time. */
+typedef struct {
+    unsigned id;
+    uint64_t target;
+} fake_after;
 
 typedef struct fake_op {
     int kind;
@@ -39,6 +55,9 @@ typedef struct fake_op {
     uint64_t gen;
     cudaHostFn_t fn;
     void *arg;
+    const _Atomic uint32_t *flag; /* OP_FLAG: wait until *flag reaches n */
+    fake_after *after;
+    int nafter;
     struct fake_op *next;
 } fake_op;
 
@@ -46,8 +65,19 @@ struct fake_stream {
     pthread_t thread;
     fake_op *head, *tail;
     int stop;
+    int blocking;       /* synchronizes with the legacy stream */
+    unsigned id;
+    uint64_t enq, done; /* ops queued and finished */
     struct fake_stream *next_stream;
 };
+
+/* A host function handed to the callback thread. */
+typedef struct fake_cb {
+    cudaHostFn_t fn;
+    void *arg;
+    int done;
+    struct fake_cb *next;
+} fake_cb;
 
 /* An event's generation counters: in the event itself, or for an
  * inter-process event in a memfd mapping other processes open too. */
@@ -83,12 +113,42 @@ static struct fake_stream *streams;
 static struct fake_stream *legacy;
 static fake_alloc *allocs;
 static __thread unsigned rnd_state;
+static unsigned next_stream_id;
+/* The process's callback thread and its queue (cudaLaunchHostFunc). */
+static fake_cb *cb_head, *cb_tail;
+static int cb_started;
+/* Set on the callback thread: any CUDA call there aborts. */
+static __thread int in_host_fn;
+/* braid__cuda_preload ran; else kernels "load" (synchronize the device)
+ * at their first launch. */
+static int preloaded;
+static unsigned char kernel_loaded[BRAID_DTYPE_COUNT][BRAID_OP_COUNT];
+
+/* CUDA forbids CUDA calls from a host function; the real runtime may
+ * deadlock or fail there, the stand-in stops with the caller's name. */
+#define GUARD() guard(__func__)
+static void guard(const char *fn)
+{
+    if (in_host_fn) {
+        fprintf(stderr, "cuda fake: %s called from a host function (cudaLaunchHostFunc): CUDA calls are not "
+                        "allowed there\n", fn);
+        abort();
+    }
+}
 /* Kernels launched by this process (cuda_fake_kernel_launches()). */
 static _Atomic unsigned long kernel_launches;
 
 unsigned long cuda_fake_kernel_launches(void)
 {
     return kernel_launches;
+}
+
+/* cudaMemcpyAsync calls made by this process (cuda_fake_copies()). */
+static _Atomic unsigned long async_copies;
+
+unsigned long cuda_fake_copies(void)
+{
+    return async_copies;
 }
 
 static void jitter(void)
@@ -161,6 +221,65 @@ static void *handle_map(const char in[64], size_t *size)
     return p;
 }
 
+static struct fake_stream *stream_by_id_locked(unsigned id)
+{
+    for (struct fake_stream *t = streams; t; t = t->next_stream)
+        if (t->id == id)
+            return t;
+    return NULL;
+}
+
+/* A destroyed stream had finished all its work. */
+static int after_done_locked(const fake_after *a)
+{
+    struct fake_stream *t = stream_by_id_locked(a->id);
+    return !t || t->done >= a->target;
+}
+
+static void *callback_main(void *arg)
+{
+    (void)arg;
+    in_host_fn = 1;
+    pthread_mutex_lock(&G);
+    for (;;) {
+        while (!cb_head)
+            pthread_cond_wait(&GC, &G);
+        fake_cb *c = cb_head;
+        cb_head = c->next;
+        if (!cb_head)
+            cb_tail = NULL;
+        pthread_mutex_unlock(&G);
+        c->fn(c->arg);
+        pthread_mutex_lock(&G);
+        c->done = 1;
+        pthread_cond_broadcast(&GC);
+    }
+    return NULL;
+}
+
+/* Runs fn on the process's one callback thread, after the host functions
+ * other streams handed it earlier, and waits for it (holding G): a host
+ * function that blocks holds every stream's host functions, as in CUDA. */
+static void host_fn_locked(cudaHostFn_t fn, void *arg)
+{
+    if (!cb_started) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, callback_main, NULL) != 0)
+            abort();
+        pthread_detach(t);
+        cb_started = 1;
+    }
+    fake_cb c = {.fn = fn, .arg = arg};
+    if (cb_tail)
+        cb_tail->next = &c;
+    else
+        cb_head = &c;
+    cb_tail = &c;
+    pthread_cond_broadcast(&GC);
+    while (!c.done)
+        pthread_cond_wait(&GC, &G);
+}
+
 static void *stream_main(void *arg)
 {
     struct fake_stream *s = arg;
@@ -171,6 +290,9 @@ static void *stream_main(void *arg)
         if (!s->head)
             break;
         fake_op *op = s->head;
+        for (int i = 0; i < op->nafter; i++)
+            while (!after_done_locked(&op->after[i]))
+                pthread_cond_wait(&GC, &G);
         switch (op->kind) {
         case OP_COPY:
             pthread_mutex_unlock(&G);
@@ -186,17 +308,28 @@ static void *stream_main(void *arg)
             event_wait_locked(op->ev, op->gen);
             break;
         case OP_HOSTFN:
+            host_fn_locked(op->fn, op->arg);
+            break;
         case OP_KERNEL:
             pthread_mutex_unlock(&G);
-            if (op->kind == OP_KERNEL)
-                jitter();
+            jitter();
             op->fn(op->arg);
+            pthread_mutex_lock(&G);
+            break;
+        case OP_NOP:
+            break;
+        case OP_FLAG:
+            pthread_mutex_unlock(&G);
+            while ((int32_t)(atomic_load(op->flag) - (uint32_t)op->n) < 0)
+                usleep(20);
             pthread_mutex_lock(&G);
             break;
         }
         s->head = op->next;
         if (!s->head)
             s->tail = NULL;
+        s->done++;
+        free(op->after);
         free(op);
         pthread_cond_broadcast(&GC);
     }
@@ -204,11 +337,13 @@ static void *stream_main(void *arg)
     return NULL;
 }
 
-static struct fake_stream *stream_new_locked(void)
+static struct fake_stream *stream_new_locked(int blocking)
 {
     struct fake_stream *s = calloc(1, sizeof(*s));
     if (!s)
         abort();
+    s->blocking = blocking;
+    s->id = ++next_stream_id;
     pthread_create(&s->thread, NULL, stream_main, s);
     s->next_stream = streams;
     streams = s;
@@ -220,7 +355,7 @@ static struct fake_stream *resolve_locked(cudaStream_t s)
     if (s)
         return s;
     if (!legacy)
-        legacy = stream_new_locked();
+        legacy = stream_new_locked(1);
     return legacy;
 }
 
@@ -233,6 +368,20 @@ static void enqueue(cudaStream_t st, fake_op op)
     o->next = NULL;
     pthread_mutex_lock(&G);
     struct fake_stream *s = resolve_locked(st);
+    /* Legacy-stream implicit synchronization: work on the legacy stream
+     * waits for the work queued before it on every blocking stream, and
+     * work on a blocking stream for the legacy stream's. */
+    int n = 0;
+    for (struct fake_stream *t = streams; t; t = t->next_stream)
+        n++;
+    o->after = calloc((size_t)n, sizeof(*o->after));
+    if (!o->after)
+        abort();
+    o->nafter = 0;
+    for (struct fake_stream *t = streams; t; t = t->next_stream)
+        if (t != s && t->blocking && s->blocking && (s == legacy || t == legacy) && t->enq > t->done)
+            o->after[o->nafter++] = (fake_after){t->id, t->enq};
+    s->enq++;
     if (s->tail)
         s->tail->next = o;
     else
@@ -258,13 +407,35 @@ const char *cudaGetErrorName(cudaError_t e)
     return e == cudaSuccess ? "cudaSuccess" : "cudaErrorFake";
 }
 
-cudaError_t cudaGetLastError(void) { return cudaSuccess; }
-cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; }
-cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
-cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+cudaError_t cudaGetLastError(void)
+{
+    GUARD();
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceCount(int *n)
+{
+    GUARD();
+    *n = 1;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int *d)
+{
+    GUARD();
+    *d = 0;
+    return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int d)
+{
+    GUARD();
+    return d == 0 ? cudaSuccess : cudaErrorInvalidDevice;
+}
 
 cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int d)
 {
+    GUARD();
     (void)d;
     const char *no_ipc = getenv("CUDA_FAKE_NO_IPC");
     *v = a == cudaDevAttrIpcEventSupport && no_ipc && no_ipc[0] == '1' ? 0 : 1;
@@ -279,6 +450,7 @@ static const char *bus_id(void)
 
 cudaError_t cudaDeviceGetPCIBusId(char *id, int len, int device)
 {
+    GUARD();
     if (device != 0 || len < 13)
         return cudaErrorInvalidValue;
     snprintf(id, (size_t)len, "%s", bus_id());
@@ -288,6 +460,7 @@ cudaError_t cudaDeviceGetPCIBusId(char *id, int len, int device)
 /* Only this process's own device is visible. */
 cudaError_t cudaDeviceGetByPCIBusId(int *device, const char *id)
 {
+    GUARD();
     if (strcmp(id, bus_id()) != 0)
         return cudaErrorInvalidDevice;
     *device = 0;
@@ -296,6 +469,7 @@ cudaError_t cudaDeviceGetByPCIBusId(int *device, const char *id)
 
 cudaError_t cudaDeviceCanAccessPeer(int *can, int device, int peer)
 {
+    GUARD();
     (void)device, (void)peer;
     *can = 0;
     return cudaSuccess;
@@ -303,6 +477,7 @@ cudaError_t cudaDeviceCanAccessPeer(int *can, int device, int peer)
 
 cudaError_t cudaDeviceSynchronize(void)
 {
+    GUARD();
     pthread_mutex_lock(&G);
     for (struct fake_stream *s = streams; s; s = s->next_stream)
         drain_locked(s);
@@ -312,6 +487,7 @@ cudaError_t cudaDeviceSynchronize(void)
 
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void *p)
 {
+    GUARD();
     memset(a, 0, sizeof(*a));
     a->device = -1;
     pthread_mutex_lock(&G);
@@ -353,6 +529,7 @@ static fake_alloc *alloc_take(const void *p)
 
 cudaError_t cudaMalloc(void **p, size_t n)
 {
+    GUARD();
     fake_alloc *f = malloc(sizeof(*f));
     int fd = -1;
     size_t len = n ? n : 1;
@@ -369,6 +546,7 @@ cudaError_t cudaMalloc(void **p, size_t n)
 
 cudaError_t cudaFree(void *p)
 {
+    GUARD();
     if (!p)
         return cudaSuccess;
     cudaDeviceSynchronize(); /* as CUDA's cudaFree does */
@@ -387,6 +565,7 @@ cudaError_t cudaFree(void *p)
 
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p)
 {
+    GUARD();
     int fd = -1;
     size_t n = 0;
     pthread_mutex_lock(&G);
@@ -402,6 +581,7 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p)
 
 cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned flags)
 {
+    GUARD();
     (void)flags;
     fake_alloc *f = malloc(sizeof(*f));
     size_t n = 0;
@@ -417,6 +597,7 @@ cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned flags)
 
 cudaError_t cudaIpcCloseMemHandle(void *p)
 {
+    GUARD();
     cudaDeviceSynchronize();
     fake_alloc *f = alloc_take(p);
     if (!f)
@@ -430,57 +611,91 @@ cudaError_t cudaIpcCloseMemHandle(void *p)
     return cudaSuccess;
 }
 
+/* A synchronous call on the legacy stream: it waits for the legacy
+ * stream, which waits for the work queued on every blocking stream. */
+static void legacy_sync(void)
+{
+    enqueue(NULL, (fake_op){.kind = OP_NOP});
+    pthread_mutex_lock(&G);
+    drain_locked(legacy);
+    pthread_mutex_unlock(&G);
+}
+
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags)
 {
-    (void)flags;
-    *p = malloc(n);
+    GUARD();
+    (void)flags; /* mapped or not: the device pointer is the host pointer */
+    legacy_sync();
+    *p = malloc(n ? n : 1);
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+
+cudaError_t cudaMallocHost(void **p, size_t n)
+{
+    GUARD();
+    return cudaHostAlloc(p, n, cudaHostAllocDefault);
+}
+
+cudaError_t cudaHostGetDevicePointer(void **d, void *h, unsigned flags)
+{
+    GUARD();
+    (void)flags;
+    *d = h;
+    return cudaSuccess;
 }
 
 cudaError_t cudaFreeHost(void *p)
 {
+    GUARD();
+    legacy_sync();
     free(p);
     return cudaSuccess;
 }
 
 cudaError_t cudaMemset(void *p, int v, size_t n)
 {
-    cudaDeviceSynchronize();
+    GUARD();
+    legacy_sync();
     memset(p, v, n);
     return cudaSuccess;
 }
 
 cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind k)
 {
+    GUARD();
     (void)k;
-    cudaDeviceSynchronize();
+    legacy_sync();
     memcpy(d, s, n);
     return cudaSuccess;
 }
 
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind k, cudaStream_t st)
 {
+    GUARD();
     (void)k;
+    async_copies++;
     enqueue(st, (fake_op){.kind = OP_COPY, .dst = d, .src = s, .n = n});
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
 {
-    (void)flags;
+    GUARD();
     pthread_mutex_lock(&G);
-    *s = stream_new_locked();
+    *s = stream_new_locked(!(flags & cudaStreamNonBlocking));
     pthread_mutex_unlock(&G);
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamCreate(cudaStream_t *s)
 {
+    GUARD();
     return cudaStreamCreateWithFlags(s, 0);
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t s)
 {
+    GUARD();
     pthread_mutex_lock(&G);
     drain_locked(s);
     s->stop = 1;
@@ -498,6 +713,11 @@ cudaError_t cudaStreamDestroy(cudaStream_t s)
 
 cudaError_t cudaStreamSynchronize(cudaStream_t st)
 {
+    GUARD();
+    if (!st) {
+        legacy_sync();
+        return cudaSuccess;
+    }
     pthread_mutex_lock(&G);
     drain_locked(resolve_locked(st));
     pthread_mutex_unlock(&G);
@@ -506,6 +726,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t st)
 
 cudaError_t cudaStreamQuery(cudaStream_t st)
 {
+    GUARD();
     pthread_mutex_lock(&G);
     int idle = resolve_locked(st)->head == NULL;
     pthread_mutex_unlock(&G);
@@ -514,6 +735,7 @@ cudaError_t cudaStreamQuery(cudaStream_t st)
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags)
 {
+    GUARD();
     (void)flags;
     pthread_mutex_lock(&G);
     uint64_t gen = e->c->recorded;
@@ -524,6 +746,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags)
 
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *c)
 {
+    GUARD();
     (void)s;
     *c = cudaStreamCaptureStatusNone;
     return cudaSuccess;
@@ -531,12 +754,14 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *
 
 cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *arg)
 {
+    GUARD();
     enqueue(s, (fake_op){.kind = OP_HOSTFN, .fn = fn, .arg = arg});
     return cudaSuccess;
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags)
 {
+    GUARD();
     struct fake_event *ev = calloc(1, sizeof(*ev));
     if (!ev)
         return cudaErrorMemoryAllocation;
@@ -559,6 +784,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags)
  * allows. A shared event's memfd is closed: no new handle may open it. */
 cudaError_t cudaEventDestroy(cudaEvent_t e)
 {
+    GUARD();
     pthread_mutex_lock(&G);
     if (e->fd >= 0) {
         close(e->fd);
@@ -570,6 +796,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t e)
 
 cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *h, cudaEvent_t e)
 {
+    GUARD();
     if (!e->shared || e->fd < 0)
         return cudaErrorInvalidResourceHandle; /* made without cudaEventInterprocess */
     handle_put(h->reserved, e->fd, sizeof(fake_counters));
@@ -578,6 +805,7 @@ cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *h, cudaEvent_t e)
 
 cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *e, cudaIpcEventHandle_t h)
 {
+    GUARD();
     size_t n = 0;
     fake_counters *c = handle_map(h.reserved, &n);
     if (!c)
@@ -596,6 +824,7 @@ cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *e, cudaIpcEventHandle_t h)
 
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
+    GUARD();
     pthread_mutex_lock(&G);
     uint64_t gen = ++e->c->recorded;
     pthread_mutex_unlock(&G);
@@ -605,6 +834,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e)
 {
+    GUARD();
     pthread_mutex_lock(&G);
     event_wait_locked(e, e->c->recorded);
     pthread_mutex_unlock(&G);
@@ -613,6 +843,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e)
 
 cudaError_t cudaEventQuery(cudaEvent_t e)
 {
+    GUARD();
     pthread_mutex_lock(&G);
     int done = e->c->completed >= e->c->recorded;
     pthread_mutex_unlock(&G);
@@ -652,6 +883,7 @@ static void fake_kernel_run(void *arg)
 braid_status braid__cuda_reduce(braid_dtype dtype, braid_op op, void *dst, const void *const *srcs, int nsrcs,
                                 size_t count, int nranks, void *stream)
 {
+    GUARD();
     if (nsrcs < 1 || nsrcs > 2 || (op == BRAID_AVG && nranks <= 0))
         return braid__error(BRAID_ERR_INVALID_ARG, "cuda fake: reduce with %d inputs, nranks %d", nsrcs, nranks);
     if (count == 0)
@@ -661,6 +893,19 @@ braid_status braid__cuda_reduce(braid_dtype dtype, braid_op op, void *dst, const
         return braid__error(BRAID_ERR_NO_MEMORY, "cuda fake: out of memory");
     *k = (fake_kernel){.dtype = dtype, .op = op, .dst = dst, .a = srcs[0], .b = nsrcs == 2 ? srcs[1] : NULL,
                        .count = count, .nranks = nranks};
+    /* Lazy module loading: a kernel's first launch in the process may
+     * synchronize the device (CUDA's lazy-loading notes), unless
+     * braid__cuda_preload loaded them all first. */
+    pthread_mutex_lock(&G);
+    int load = !preloaded && (unsigned)dtype < BRAID_DTYPE_COUNT && (unsigned)op < BRAID_OP_COUNT &&
+               !kernel_loaded[dtype][op];
+    pthread_mutex_unlock(&G);
+    if (load) {
+        cudaDeviceSynchronize();
+        pthread_mutex_lock(&G);
+        kernel_loaded[dtype][op] = 1;
+        pthread_mutex_unlock(&G);
+    }
     kernel_launches++;
     enqueue((cudaStream_t)stream, (fake_op){.kind = OP_KERNEL, .fn = fake_kernel_run, .arg = k});
     return BRAID_OK;
@@ -669,6 +914,7 @@ braid_status braid__cuda_reduce(braid_dtype dtype, braid_op op, void *dst, const
 braid_status braid__cuda_reduce_cast(braid_dtype dst_dtype, void *dst, braid_dtype src_dtype, braid_op op,
                                      const void *const *srcs, int nsrcs, size_t count, int nranks, void *stream)
 {
+    GUARD();
     (void)dst_dtype, (void)dst, (void)src_dtype, (void)op, (void)srcs, (void)nsrcs, (void)count, (void)nranks,
         (void)stream;
     return braid__error(BRAID_ERR_UNSUPPORTED, "cuda fake: no kernels");
@@ -677,6 +923,32 @@ braid_status braid__cuda_reduce_cast(braid_dtype dst_dtype, void *dst, braid_dty
 braid_status braid__cuda_reduce_premul(braid_dtype dtype, void *dst, const void *const *srcs, int nsrcs,
                                        size_t count, double scale, void *stream)
 {
+    GUARD();
     (void)dtype, (void)dst, (void)srcs, (void)nsrcs, (void)count, (void)scale, (void)stream;
     return braid__error(BRAID_ERR_UNSUPPORTED, "cuda fake: no kernels");
+}
+
+/* Loading every kernel may synchronize the device, once. */
+braid_status braid__cuda_preload(void)
+{
+    GUARD();
+    pthread_mutex_lock(&G);
+    int load = !preloaded;
+    pthread_mutex_unlock(&G);
+    if (load) {
+        cudaDeviceSynchronize();
+        pthread_mutex_lock(&G);
+        preloaded = 1;
+        pthread_mutex_unlock(&G);
+    }
+    return BRAID_OK;
+}
+
+/* The gate kernel: the stream's thread polls the flag, as the GPU does. */
+braid_status braid__cuda_wait_flag(const volatile uint32_t *flag, uint32_t want, void *stream)
+{
+    GUARD();
+    enqueue((cudaStream_t)stream,
+            (fake_op){.kind = OP_FLAG, .flag = (const _Atomic uint32_t *)(const volatile void *)flag, .n = want});
+    return BRAID_OK;
 }

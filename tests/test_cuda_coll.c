@@ -18,6 +18,7 @@
  * build has no CUDA or the machine no usable device. CUDA does not survive
  * fork, so the parent never touches it: a throwaway child probes. */
 #include <check.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -546,6 +547,99 @@ static int abort_body(braid_pg *pg, void *arg)
     return 0;
 }
 
+/* Ranks as threads of one process, as nccl-tests -t N runs them: each
+ * thread its own group, stream (blocking: cudaStreamCreate) and queued
+ * work-handle calls. CUDA runs the host functions of all streams of a
+ * process on one callback thread, so a stream gate that blocks there
+ * holds the other rank's stream and the job both wait for. */
+enum { THR_RANKS = 2, THR_CALLS = 3, THR_N = 3 * (BRAID_HMEM_PIECE_BYTES / 4) / 2 + 7 };
+
+typedef struct {
+    int rank;
+    braid_unique_id_t id;
+    int failed;
+} thr_arg;
+
+static int thread_rank(thr_arg *a)
+{
+    int rank = a->rank;
+    braid_pg *pg = NULL;
+    CU(cudaSetDevice(0));
+    if (braid_pg_init(&pg, rank, THR_RANKS, &a->id, NULL) != BRAID_OK)
+        HARNESS_FAIL("rank %d: pg_init: %s", rank, braid_last_error());
+    cudaStream_t s;
+    CU(cudaStreamCreate(&s));
+    /* Small (staged) and large (device ring) calls alternate. */
+    size_t counts[THR_CALLS] = {1000, THR_N, 5};
+    int32_t *host[THR_CALLS];
+    void *d[THR_CALLS];
+    braid_work *w[THR_CALLS];
+    for (int k = 0; k < THR_CALLS; k++) {
+        if (!(host[k] = malloc(sizeof(int32_t) * counts[k])))
+            HARNESS_FAIL("rank %d: out of memory", rank);
+        for (size_t i = 0; i < counts[k]; i++)
+            host[k][i] = rank * 1000 + k + (int32_t)i;
+        CU(cudaMalloc(&d[k], sizeof(int32_t) * counts[k]));
+        CU(cudaMemcpyAsync(d[k], host[k], sizeof(int32_t) * counts[k], cudaMemcpyHostToDevice, s));
+    }
+    for (int k = 0; k < THR_CALLS; k++)
+        if (braid_allreduce(pg, d[k], d[k], counts[k], BRAID_I32, BRAID_SUM, s, &w[k]) != BRAID_OK)
+            HARNESS_FAIL("rank %d: device allreduce %d from a thread: %s", rank, k, braid_last_error());
+    for (int k = 0; k < THR_CALLS; k++)
+        CU(cudaMemcpyAsync(host[k], d[k], sizeof(int32_t) * counts[k], cudaMemcpyDeviceToHost, s));
+    CU(cudaStreamSynchronize(s));
+    for (int k = 0; k < THR_CALLS; k++) {
+        for (size_t i = 0; i < counts[k]; i++) {
+            int32_t want = 1000 * THR_RANKS * (THR_RANKS - 1) / 2 + THR_RANKS * (k + (int32_t)i);
+            if (host[k][i] != want)
+                HARNESS_FAIL("rank %d (thread): device allreduce %d element %zu = %d, want %d", rank, k, i,
+                             host[k][i], want);
+        }
+        if (braid_wait(w[k], -1) != BRAID_OK)
+            HARNESS_FAIL("rank %d: wait %d: %s", rank, k, braid_last_error());
+        braid_work_free(w[k]);
+        CU(cudaFree(d[k]));
+        free(host[k]);
+    }
+    CU(cudaStreamDestroy(s));
+    if (braid_pg_destroy(pg) != BRAID_OK)
+        HARNESS_FAIL("rank %d: pg_destroy: %s", rank, braid_last_error());
+    return 0;
+}
+
+static void *thread_main(void *p)
+{
+    thr_arg *a = p;
+    a->failed = thread_rank(a);
+    return NULL;
+}
+
+/* Runs in one forked process (the harness's rank 0 of 1, for its time
+ * limit); its own group is THR_RANKS threads. */
+static int threads_body(braid_pg *pg, void *arg)
+{
+    (void)arg;
+    int rank = braid_pg_rank(pg);
+    if (pick_device(rank))
+        return 1;
+    thr_arg a[THR_RANKS];
+    pthread_t t[THR_RANKS];
+    braid_unique_id_t id;
+    if (braid_unique_id(&id) != BRAID_OK)
+        HARNESS_FAIL("unique_id: %s", braid_last_error());
+    for (int r = 0; r < THR_RANKS; r++) {
+        a[r] = (thr_arg){.rank = r, .id = id};
+        if (pthread_create(&t[r], NULL, thread_main, &a[r]) != 0)
+            HARNESS_FAIL("cannot start rank thread %d", r);
+    }
+    int failed = 0;
+    for (int r = 0; r < THR_RANKS; r++) {
+        pthread_join(t[r], NULL);
+        failed |= a[r].failed;
+    }
+    return failed;
+}
+
 static void run_ranks(int n, harness_rank_fn fn, int timeout_s)
 {
     harness_result r;
@@ -566,6 +660,8 @@ END_TEST
 START_TEST(mixed_3) { run_ranks(3, mixed_body, 300); }
 END_TEST
 START_TEST(queue_3) { run_ranks(3, queue_body, 300); }
+END_TEST
+START_TEST(threads_2) { run_ranks(1, threads_body, 120); }
 END_TEST
 START_TEST(group_2) { run_ranks(2, group_body, 120); }
 END_TEST
@@ -630,7 +726,7 @@ int main(void)
         const char *name;
         const TTest *test;
     } cases[] = {{"matrix_2", matrix_2}, {"matrix_3", matrix_3}, {"pieces_1", pieces_1}, {"pieces_2", pieces_2}, {"pieces_4", pieces_4},
-                 {"mixed_3", mixed_3},   {"queue_3", queue_3},   {"group_2", group_2},   {"abort_2", abort_2},
+                 {"mixed_3", mixed_3},   {"queue_3", queue_3},   {"threads_2", threads_2},   {"group_2", group_2},   {"abort_2", abort_2},
                  {"extras_3", extras_3}, {"bucketer_3", bucketer_3},
 #ifdef BRAID_CUDA_FAKE
                  {"links_4", links_4},   {"noipc_3", noipc_3},

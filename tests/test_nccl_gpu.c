@@ -15,6 +15,8 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +26,10 @@
 #include <unistd.h>
 
 static int g_rank = -1;
+
+#ifdef BRAID_CUDA_FAKE
+unsigned long cuda_fake_copies(void); /* tests/cuda_fake.c */
+#endif
 
 #define FAIL(...)                                                                                                      \
     do {                                                                                                               \
@@ -495,6 +501,152 @@ static int init_all_main(void)
     return 0;
 }
 
+/* Ranks as threads of one process, one communicator each, as nccl-tests
+ * -t N runs them on one GPU: calls queued on each thread's own stream
+ * (blocking) without synchronizing in between, then checked. CUDA runs
+ * every host function of a process on one callback thread, so a stream
+ * gate that blocks there would hold the other rank's stream. */
+enum { TH_RANKS = 2, TH_CALLS = 4 };
+
+typedef struct {
+    int rank;
+    ncclUniqueId id;
+    int failed;
+} th_arg;
+
+static int thread_rank(th_arg *a)
+{
+    int rank = a->rank;
+    ncclComm_t comm;
+    cudaStream_t s;
+    int32_t *d[TH_CALLS], *h[TH_CALLS];
+    CU(cudaSetDevice(0));
+    NC(ncclCommInitRank(&comm, TH_RANKS, a->id, rank));
+    CU(cudaStreamCreate(&s));
+    for (int k = 0; k < TH_CALLS; k++) {
+        if (!(h[k] = malloc(COUNT * 4)))
+            FAIL("out of host memory");
+        for (size_t i = 0; i < COUNT; i++)
+            h[k][i] = in_val(rank, i) + k;
+        CU(cudaMalloc((void **)&d[k], COUNT * 4));
+        CU(cudaMemcpyAsync(d[k], h[k], COUNT * 4, cudaMemcpyHostToDevice, s));
+    }
+    for (int k = 0; k < TH_CALLS; k++) {
+        if (k % 2)
+            NC(ncclBroadcast(d[k], d[k], COUNT, ncclInt32, k % TH_RANKS, comm, s));
+        else
+            NC(ncclAllReduce(d[k], d[k], COUNT, ncclInt32, ncclSum, comm, s));
+    }
+    for (int k = 0; k < TH_CALLS; k++)
+        CU(cudaMemcpyAsync(h[k], d[k], COUNT * 4, cudaMemcpyDeviceToHost, s));
+    CU(cudaStreamSynchronize(s));
+    for (int k = 0; k < TH_CALLS; k++)
+        for (size_t i = 0; i < COUNT; i++) {
+            int32_t want = k % 2 ? in_val(k % TH_RANKS, i) + k : sum_val(TH_RANKS, i) + TH_RANKS * k;
+            if (h[k][i] != want)
+                FAIL("thread rank %d: call %d element %zu is %d, want %d", rank, k, i, h[k][i], want);
+        }
+    NC(ncclCommDestroy(comm));
+    CU(cudaStreamDestroy(s));
+    for (int k = 0; k < TH_CALLS; k++) {
+        CU(cudaFree(d[k]));
+        free(h[k]);
+    }
+    return 0;
+}
+
+static void *thread_main(void *p)
+{
+    th_arg *a = p;
+    a->failed = thread_rank(a);
+    return NULL;
+}
+
+static int threads_main(void)
+{
+    g_rank = 0;
+    ncclUniqueId id;
+    NC(ncclGetUniqueId(&id));
+    th_arg a[TH_RANKS];
+    pthread_t t[TH_RANKS];
+    for (int r = 0; r < TH_RANKS; r++) {
+        a[r] = (th_arg){.rank = r, .id = id};
+        if (pthread_create(&t[r], NULL, thread_main, &a[r]) != 0)
+            FAIL("cannot start thread %d", r);
+    }
+    int failed = 0;
+    for (int r = 0; r < TH_RANKS; r++) {
+        pthread_join(t[r], NULL);
+        failed |= a[r].failed;
+    }
+    return failed;
+}
+
+/* One rank: a collective on device buffers is a copy on the caller's
+ * stream (nothing in place), ordered like any other work there. */
+static int one_rank_main(void)
+{
+    g_rank = 0;
+    ncclUniqueId id;
+    ncclComm_t comm;
+    cudaStream_t s;
+    int32_t *d0, *d1, *h = malloc(COUNT * 4), *want = malloc(COUNT * 4);
+    if (!h || !want)
+        FAIL("out of host memory");
+    CU(cudaSetDevice(0));
+    NC(ncclGetUniqueId(&id));
+    NC(ncclCommInitRank(&comm, 1, id, 0));
+    CU(cudaStreamCreate(&s));
+    CU(cudaMalloc((void **)&d0, COUNT * 4));
+    CU(cudaMalloc((void **)&d1, COUNT * 4));
+    for (size_t i = 0; i < COUNT; i++)
+        want[i] = in_val(0, i);
+    CU(cudaMemcpyAsync(d0, want, COUNT * 4, cudaMemcpyHostToDevice, s));
+#ifdef BRAID_CUDA_FAKE
+    unsigned long copies = cuda_fake_copies();
+#endif
+    NC(ncclAllReduce(d0, d1, COUNT, ncclInt32, ncclSum, comm, s));
+    NC(ncclAllReduce(d1, d1, COUNT, ncclInt32, ncclAvg, comm, s));
+    NC(ncclAllGather(d1, d0, COUNT, ncclInt32, comm, s));
+#ifdef BRAID_CUDA_FAKE
+    if (cuda_fake_copies() - copies != 2)
+        FAIL("one-rank collectives made %lu copies, want 2 (out of place, in place, out of place)",
+             cuda_fake_copies() - copies);
+#endif
+    CU(cudaMemcpyAsync(h, d0, COUNT * 4, cudaMemcpyDeviceToHost, s));
+    CU(cudaStreamSynchronize(s));
+    if (memcmp(h, want, COUNT * 4) != 0)
+        FAIL("one-rank device collectives changed the data");
+    NC(ncclCommDestroy(comm));
+    CU(cudaStreamDestroy(s));
+    CU(cudaFree(d0));
+    CU(cudaFree(d1));
+    free(h);
+    free(want);
+    return 0;
+}
+
+/* Runs fn in a forked child (CUDA must not be used in a process that
+ * forks) and prints its verdict; a child still running after limit_s is
+ * killed and fails ("does not hang"). */
+static int run_child(int (*fn)(void), const char *what, int limit_s)
+{
+    fflush(NULL);
+    pid_t p = fork();
+    if (p == 0) {
+        alarm((unsigned)limit_s);
+        int rc = fn();
+        fflush(NULL);
+        _exit(rc);
+    }
+    int status;
+    waitpid(p, &status, 0);
+    int f = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+    printf("%s: %s%s\n", what, f ? "FAILED" : "ok",
+           WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM ? " (still running: killed)" : "");
+    return f;
+}
+
 static int run_job(int n, int fault)
 {
     ncclUniqueId id;
@@ -549,16 +701,8 @@ int main(void)
     failed |= run_job(3, -1);
     failed |= run_job(2, 1);
     failed |= run_job(2, 0);
-    fflush(NULL);
-    pid_t p = fork();
-    if (p == 0) {
-        int rc = init_all_main();
-        fflush(NULL);
-        _exit(rc);
-    }
-    waitpid(p, &status, 0);
-    int f = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
-    printf("ncclCommInitAll(3) on device buffers from one thread: %s\n", f ? "FAILED" : "ok");
-    failed |= f;
+    failed |= run_child(init_all_main, "ncclCommInitAll(3) on device buffers from one thread", 120);
+    failed |= run_child(threads_main, "2 ranks as threads of one process", 120);
+    failed |= run_child(one_rank_main, "1 rank: copies on the caller's stream", 60);
     return failed;
 }

@@ -36,6 +36,12 @@ int braid__cuda_sm_count(int device)
     return 1;
 }
 
+/* No runtime, no context: nothing touches the (absent) driver. */
+int braid__cuda_context_seen(void)
+{
+    return 0;
+}
+
 braid_cuda_ptr_kind braid__cuda_ptr_kind(const void *p, int *device)
 {
     (void)p;

@@ -6,17 +6,25 @@
  *
  *   - an event `ready` is recorded: the job sees exactly the work queued
  *     on the stream before the call;
- *   - a host function (cudaLaunchHostFunc) is queued that waits until the
- *     job is done with the buffers: later work on the stream sees the
- *     result, and cudaStreamSynchronize(stream) returns after it.
+ *   - a gate is queued (braid__cuda_gate_arm, cuda/cuda_gate.c: a
+ *     one-thread kernel polling a mapped flag) that holds the stream until
+ *     the job is done with the buffers: later work on the stream sees the
+ *     result, and cudaStreamSynchronize(stream) returns after it. Not a
+ *     host function: CUDA runs those of every stream of the process on one
+ *     callback thread, so one blocked gate would hold every other
+ *     communicator's streams (several ranks in one process deadlock).
  *
  * The call then returns. The worker makes its own non-blocking stream wait
  * for every `ready`, copies the device inputs down into host memory,
  * runs the batch there with braid's host collectives (nccl__exec_start:
  * the same code as host calls), copies the outputs back up, waits for
- * those copies, and opens the gate. The host function only waits on a
- * condition variable (CUDA forbids CUDA calls there); the worker's stream
- * is non-blocking, so a caller stream held by the gate never holds it up.
+ * those copies, and opens the gate. The worker's stream is non-blocking,
+ * so a caller stream held by the gate never holds it up, and kernels and
+ * gate flags were set up before any gate (braid__cuda_gate_prepare, at
+ * communicator creation through braid__hmem_pg_prepare).
+ *
+ * On one rank a collective's result is its input: it is one
+ * cudaMemcpyAsync on the caller's stream (nothing in place), no job.
  * This is the design of braid's own device path (cuda/hmem_cuda.c,
  * docs/CUDA.md), which covers all-reduce and broadcast outside groups
  * only; the worker covers every NCCL call and groups.
@@ -48,12 +56,7 @@ typedef struct nccl_job {
     int nstreams;
     cudaStream_t *streams; /* the distinct streams of ops */
     cudaEvent_t *ready;    /* one per stream, recorded at submission */
-    /* The gate, shared with the host functions on the streams; whoever
-     * lets go last frees the job. */
-    atomic_int refs;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int open;
+    braid_cuda_gate *gates; /* one per stream, opened when the job is done */
 } nccl_job;
 
 struct nccl_worker {
@@ -82,48 +85,27 @@ ncclResult_t nccl__dev_check(const void *p, const char *what, const char *call)
     return ncclSuccess; /* every kind of memory has a path here */
 }
 
-/* ---- the gate ------------------------------------------------------------ */
+/* ---- the job's end ---------------------------------------------------------- */
 
-static void job_unref(nccl_job *job)
+static void job_free(nccl_job *job)
 {
-    if (atomic_fetch_sub(&job->refs, 1) != 1)
-        return;
-    pthread_mutex_destroy(&job->mu);
-    pthread_cond_destroy(&job->cv);
     free(job->ops);
     free(job->streams);
     free(job->ready);
+    free(job->gates);
     free(job);
 }
 
-static void gate_open(nccl_job *job)
-{
-    pthread_mutex_lock(&job->mu);
-    job->open = 1;
-    pthread_cond_broadcast(&job->cv);
-    pthread_mutex_unlock(&job->mu);
-}
-
-/* On CUDA's callback thread, in a caller's stream. No CUDA calls here. */
-static void CUDART_CB gate_wait(void *arg)
-{
-    nccl_job *job = arg;
-    pthread_mutex_lock(&job->mu);
-    while (!job->open)
-        pthread_cond_wait(&job->cv, &job->mu);
-    pthread_mutex_unlock(&job->mu);
-    job_unref(job);
-}
-
-/* The job's end: events released, streams let go, the job's own ref dropped. */
+/* Events released, streams let go (the gates need no CUDA call), job freed. */
 static void job_done(nccl_job *job)
 {
     for (int i = 0; i < job->nstreams; i++)
         if (job->ready[i])
             (void)cudaEventDestroy(job->ready[i]);
     (void)cudaGetLastError();
-    gate_open(job);
-    job_unref(job);
+    for (int i = 0; i < job->nstreams; i++)
+        braid__cuda_gate_open(&job->gates[i]);
+    job_free(job);
 }
 
 /* ---- the worker ------------------------------------------------------------ */
@@ -348,12 +330,43 @@ static int batch_device(ncclComm_t comm, const nccl_op *ops, int n)
     return -1;
 }
 
+/* Whether every op of the batch, on one rank, leaves its input as its
+ * result: the collectives without a pre-multiplied sum (AVG divides by 1). */
+static int one_rank_copies(ncclComm_t comm, const nccl_op *ops, int n)
+{
+    if (comm->nranks != 1)
+        return 0;
+    for (int i = 0; i < n; i++)
+        if (ops[i].kind == NCCL_OP_SEND || ops[i].kind == NCCL_OP_RECV || ops[i].pm.used)
+            return 0;
+    return 1;
+}
+
+/* One rank: each op is a copy on its own stream, queued now; in place,
+ * nothing. Earlier device jobs of the communicator hold their streams, so
+ * a copy on the same stream still runs after them. */
+static ncclResult_t one_rank_submit(ncclComm_t comm, const nccl_op *ops, int n, const char *call)
+{
+    for (int i = 0; i < n; i++) {
+        size_t bytes = nccl__op_recv_bytes(&ops[i], 0, 1);
+        if (bytes == 0 || !ops[i].recv || (const void *)ops[i].recv == ops[i].send)
+            continue;
+        cudaError_t err = cudaMemcpyAsync(ops[i].recv, ops[i].send, bytes, cudaMemcpyDefault, ops[i].stream);
+        if (err != cudaSuccess)
+            return cuda_fail(err, "cudaMemcpyAsync (one rank)", call);
+    }
+    (void)comm;
+    return ncclSuccess;
+}
+
 ncclResult_t nccl__dev_submit(ncclComm_t comm, const nccl_op *ops, int n)
 {
     const char *call = n == 1 ? ops[0].call : "ncclGroupEnd";
     int device = batch_device(comm, ops, n);
     if (device < 0)
         return nccl__fail(ncclInternalError, "%s: no device buffer in a device batch", call);
+    if (one_rank_copies(comm, ops, n))
+        return one_rank_submit(comm, ops, n, call);
     nccl_worker *w;
     ncclResult_t r = worker_get(comm, device, call, &w);
     if (r != ncclSuccess)
@@ -365,11 +378,9 @@ ncclResult_t nccl__dev_submit(ncclComm_t comm, const nccl_op *ops, int n)
     job->ops = malloc((size_t)n * sizeof(*job->ops));
     job->streams = malloc((size_t)n * sizeof(*job->streams));
     job->ready = calloc((size_t)n, sizeof(*job->ready));
-    if (!job->ops || !job->streams || !job->ready) {
-        free(job->ops);
-        free(job->streams);
-        free(job->ready);
-        free(job);
+    job->gates = calloc((size_t)n, sizeof(*job->gates));
+    if (!job->ops || !job->streams || !job->ready || !job->gates) {
+        job_free(job);
         return nccl__fail(ncclSystemError, "%s: out of memory", call);
     }
     memcpy(job->ops, ops, (size_t)n * sizeof(*ops));
@@ -381,11 +392,8 @@ ncclResult_t nccl__dev_submit(ncclComm_t comm, const nccl_op *ops, int n)
         if (!seen)
             job->streams[job->nstreams++] = ops[i].stream;
     }
-    pthread_mutex_init(&job->mu, NULL);
-    pthread_cond_init(&job->cv, NULL);
-    atomic_init(&job->refs, 1);
 
-    /* Events and host functions belong to the streams' device. */
+    /* Events and gates belong to the streams' device. */
     int cur = -1;
     cudaError_t err = cudaGetDevice(&cur);
     if (err == cudaSuccess && cur != device)
@@ -395,16 +403,18 @@ ncclResult_t nccl__dev_submit(ncclComm_t comm, const nccl_op *ops, int n)
         if (err == cudaSuccess)
             err = cudaEventRecord(job->ready[i], job->streams[i]);
     }
-    for (int i = 0; i < job->nstreams && err == cudaSuccess; i++) {
-        atomic_fetch_add(&job->refs, 1);
-        if ((err = cudaLaunchHostFunc(job->streams[i], gate_wait, job)) != cudaSuccess)
-            atomic_fetch_sub(&job->refs, 1);
-    }
+    braid_status gst = BRAID_OK;
+    for (int i = 0; i < job->nstreams && err == cudaSuccess && gst == BRAID_OK; i++)
+        gst = braid__cuda_gate_arm(&job->gates[i], job->streams[i]);
     if (cur >= 0 && cur != device)
         (void)cudaSetDevice(cur);
-    if (err != cudaSuccess) {
-        r = cuda_fail(err, "ordering the call on its stream", call);
-        job_done(job); /* lets any queued host function through */
+    if (err != cudaSuccess || gst != BRAID_OK) {
+        if (err != cudaSuccess)
+            r = cuda_fail(err, "ordering the call on its stream", call);
+        else
+            r = nccl__fail(ncclUnhandledCudaError, "%s: cannot hold the caller's stream: %s", call,
+                           braid_last_error());
+        job_done(job); /* opens any gate already queued */
         return r;
     }
 

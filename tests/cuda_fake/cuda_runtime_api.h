@@ -6,8 +6,16 @@
  * delay), so the staging layer's stream, event and host-function ordering
  * is exercised on machines without a GPU. Not a CUDA emulator: the only
  * "kernel" is braid__cuda_reduce, run by the CPU engine as a stream
- * operation (tests/cuda_fake.c); one device, no legacy-stream implicit
- * synchronization. Device allocations and inter-process events live in
+ * operation (tests/cuda_fake.c); one device. It keeps CUDA's rules that
+ * real hardware enforces and a host-only model easily forgets: host
+ * functions of all streams run on one callback thread per process, in
+ * turn; a CUDA call made from a host function aborts with a message; the
+ * legacy default stream synchronizes with every blocking stream (work on
+ * one waits for work queued earlier on the other); cudaMemcpy, cudaMemset,
+ * cudaHostAlloc, cudaMallocHost and cudaFreeHost wait for the legacy
+ * stream and so for busy blocking streams; cudaFree synchronizes the
+ * device; and the first launch of each kernel in a process ("lazy module
+ * loading") synchronizes the device unless braid__cuda_preload ran. Device allocations and inter-process events live in
  * memfd mappings, so cudaIpc* handles work between forked ranks (an
  * opened handle maps the owner's memfd through /proc/<pid>/fd): the
  * cuda_ipc transport runs on it. CUDA_FAKE_BUS_ID sets the device's PCI
@@ -58,6 +66,8 @@ struct cudaPointerAttributes {
 #define cudaEventInterprocess 0x4
 #define cudaIpcMemLazyEnablePeerAccess 0x1
 #define cudaHostAllocDefault 0x0
+#define cudaHostAllocPortable 0x1
+#define cudaHostAllocMapped 0x2
 
 const char *cudaGetErrorString(cudaError_t e);
 const char *cudaGetErrorName(cudaError_t e);
@@ -72,6 +82,8 @@ cudaError_t cudaMalloc(void **p, size_t n);
 cudaError_t cudaFree(void *p);
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags);
 cudaError_t cudaFreeHost(void *p);
+cudaError_t cudaMallocHost(void **p, size_t n);
+cudaError_t cudaHostGetDevicePointer(void **d, void *h, unsigned flags);
 cudaError_t cudaMemset(void *p, int v, size_t n);
 cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind k);
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind k, cudaStream_t st);
