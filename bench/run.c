@@ -122,6 +122,9 @@ static int iteration(run_ctx *c, size_t count, braid_dtype dtype, braid_op op, i
     return st == BRAID_OK ? 0 : fail(c, "group end", st);
 }
 
+/* Calls of an -z 0 loop in flight at once. */
+#define ISSUE_WINDOW 64
+
 /* Wait for and free the handles of an -z 0 loop; all of them, also after
  * a failure. */
 static int wait_all(run_ctx *c, braid_work **works, int n)
@@ -233,20 +236,22 @@ static int bench_time(run_ctx *c, size_t count, braid_dtype dtype, braid_op op, 
 
     if (coll_once(c, count, dtype, op, in_place) || barrier(c))
         return -1;
-    braid_work **works = NULL;
-    if (!o->blocking && !(works = calloc((size_t)o->iters, sizeof(*works)))) {
-        fprintf(stderr, "braid-bench: rank %d: out of memory for %d work handles\n", c->rank, o->iters);
-        return -1;
-    }
+    /* -z 0 keeps at most ISSUE_WINDOW calls in flight: issuing handle i
+     * first waits for handle i - ISSUE_WINDOW. That bounds memory for any
+     * -n, and a failed group stops the loop at the next wait (within the
+     * timeout) instead of issuing every remaining iteration. */
+    braid_work *works[ISSUE_WINDOW] = {0};
     double t0 = now_s(), t_issued;
     int rc = 0;
-    for (int i = 0; i < o->iters && rc == 0; i++)
-        rc = iteration(c, count, dtype, op, in_place, works ? &works[i] : NULL);
-    t_issued = now_s();
-    if (works) {
-        rc |= wait_all(c, works, o->iters);
-        free(works);
+    for (int i = 0; i < o->iters && rc == 0; i++) {
+        braid_work **slot = o->blocking ? NULL : &works[i % ISSUE_WINDOW];
+        if (slot && *slot)
+            rc = wait_all(c, slot, 1);
+        if (rc == 0)
+            rc = iteration(c, count, dtype, op, in_place, slot);
     }
+    t_issued = now_s();
+    rc |= wait_all(c, works, ISSUE_WINDOW);
     if (rc)
         return -1;
     /* nccl-tests divides by iters x agg_iters: the time per collective.

@@ -82,16 +82,17 @@ static braid_status connect_store(braid_pg *pg, const braid_rendezvous *rv, cons
     return st;
 }
 
-/* "2", "2 and 5", "2, 5, 7, ... (12 ranks)": the ranks that have not
- * joined. Returns how many are missing. */
+/* "rank 2", "ranks 2, 5", "ranks 2, 5, ... (12 in all)", or "12 ranks"
+ * beyond JOIN_PROBE_MAX: the ranks that have not joined. Returns how many
+ * are missing, -1 if the store did not answer. */
 static int missing_ranks(braid_pg *pg, char *buf, size_t cap)
 {
     int64_t joined = 0;
     if (braid__store_add(pg->store, "join/count", 0, &joined) != BRAID_OK)
         return -1;
     int missing = pg->size - (int)joined, listed = 0;
+    char list[128] = "";
     size_t o = 0;
-    buf[0] = '\0';
     for (int r = 1; r < pg->size && pg->size <= JOIN_PROBE_MAX && listed < JOIN_LIST_MAX; r++) {
         char key[32], v[4];
         size_t len;
@@ -101,13 +102,15 @@ static int missing_ranks(braid_pg *pg, char *buf, size_t cap)
             continue;
         if (st != BRAID_ERR_TIMEOUT)
             return -1;
-        o += (size_t)snprintf(buf + o, o < cap ? cap - o : 0, "%s%d", listed ? ", " : "", r);
+        o += (size_t)snprintf(list + o, o < sizeof(list) ? sizeof(list) - o : 0, "%s%d", listed ? ", " : "", r);
         listed++;
     }
     if (listed == 0)
         snprintf(buf, cap, "%d ranks", missing);
     else if (missing > listed)
-        snprintf(buf + o, o < cap ? cap - o : 0, ", ... (%d ranks)", missing);
+        snprintf(buf, cap, "ranks %s, ... (%d in all)", list, missing);
+    else
+        snprintf(buf, cap, "rank%s %s", listed > 1 ? "s" : "", list);
     return missing;
 }
 
@@ -116,7 +119,7 @@ static braid_status await_all(braid_pg *pg, const braid_rendezvous *rv, int64_t 
 {
     int period = pg->init_timeout_ms / 4 < JOIN_REPORT_MS ? pg->init_timeout_ms / 4 : JOIN_REPORT_MS;
     int64_t start = braid__now_ms(), report = start + (period < JOIN_FIRST_REPORT_MS ? period : JOIN_FIRST_REPORT_MS);
-    char v[sizeof(JOIN_OK)], who[160];
+    char v[sizeof(JOIN_OK)], who[192];
     size_t len;
     for (;;) {
         int64_t now = braid__now_ms(), until = report < deadline ? report : deadline;
@@ -132,13 +135,12 @@ static braid_status await_all(braid_pg *pg, const braid_rendezvous *rv, int64_t 
         now = braid__now_ms();
         if (now >= deadline)
             return braid__error(BRAID_ERR_TIMEOUT,
-                                "rank 0: rank%s %s never joined: %d of %d ranks reached the store at %s:%d within "
-                                "%d ms (BRAID_INIT_TIMEOUT_MS)",
-                                missing > 1 ? "s" : "", who, pg->size - missing, pg->size, rv->host, rv->port,
-                                pg->init_timeout_ms);
-        BRAID_WARN("rank 0: %d of %d ranks joined the store at %s:%d; waiting for rank%s %s (%lld of %d s left)",
-                   pg->size - missing, pg->size, rv->host, rv->port, missing > 1 ? "s" : "", who,
-                   (long long)(deadline - now + 999) / 1000, (pg->init_timeout_ms + 999) / 1000);
+                                "rank 0: %s never joined: %d of %d ranks reached the store at %s:%d within %d ms "
+                                "(BRAID_INIT_TIMEOUT_MS)",
+                                who, pg->size - missing, pg->size, rv->host, rv->port, pg->init_timeout_ms);
+        BRAID_WARN("rank 0: %d of %d ranks joined the store at %s:%d; waiting for %s (%lld of %d s left)",
+                   pg->size - missing, pg->size, rv->host, rv->port, who, (long long)(deadline - now + 999) / 1000,
+                   (pg->init_timeout_ms + 999) / 1000);
         report = now + period;
     }
 }

@@ -1,9 +1,11 @@
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -304,4 +306,31 @@ int harness_wait_child(pid_t pid, int timeout_s)
         }
         usleep(2000);
     }
+}
+
+int harness_free_port_pair(void)
+{
+    for (int tries = 0; tries < 50; tries++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t len = sizeof(a);
+        if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0 ||
+            getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
+            perror("harness_free_port_pair");
+            abort();
+        }
+        close(fd);
+        int port = ntohs(a.sin_port);
+        if (port > 1024 && port < 65535)
+            return port - 1;
+    }
+    fprintf(stderr, "harness_free_port_pair: no free port\n");
+    abort();
+}
+
+void harness_setenv_int(const char *name, int v)
+{
+    char text[16];
+    snprintf(text, sizeof(text), "%d", v);
+    setenv(name, text, 1);
 }

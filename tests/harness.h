@@ -66,6 +66,12 @@ int harness_check_allreduce(braid_pg *pg, braid_dtype dtype, braid_op op, size_t
  * call must return the same status at once (the group is broken). */
 int harness_until_failure(braid_pg *pg, void *arg);
 
+/* A free loopback port P whose successor is free too, for launcher-style
+ * tests: MASTER_PORT = P, braid's store on P + 1. */
+int harness_free_port_pair(void);
+/* setenv(name, "v"). */
+void harness_setenv_int(const char *name, int v);
+
 #define HARNESS_FAIL(...)                                                                      \
     do {                                                                                       \
         fprintf(stderr, __VA_ARGS__);                                                          \

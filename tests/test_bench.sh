@@ -162,7 +162,8 @@ local_tests() {
   [ $rc = 2 ] && grep -q "invalid gpu count '0'" "$tmp/e5" || fail "-g 0 must exit 2 with a reason (got $rc)"
   # nccl-tests options that cannot apply say why; their defaults pass.
   local opt
-  for opt in "-G 1:CUDA graphs" "-R 1:buffer registration" "-z 2:braid-bench times on the host"; do
+  for opt in "-G 1:CUDA graphs" "-R 1:buffer registration" "-z 2:braid-bench times on the host" \
+    "-d uint32:braid has no uint32 dtype" "-d uint64:braid has no uint64 dtype" "-o mulsum:pre-multiplied sum"; do
     "$bench" allreduce ${opt%%:*} >/dev/null 2>"$tmp/e7"; rc=$?
     [ $rc = 2 ] && grep -q -- "${opt%%:*} is not supported: .*${opt#*:}" "$tmp/e7" ||
       fail "$opt must exit 2 saying why (got $rc: $(cat "$tmp/e7"))"

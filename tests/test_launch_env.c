@@ -13,38 +13,13 @@
 #include <unistd.h>
 
 #include "braid.h"
+#include "harness.h"
 
 #define NRANKS 3
 #define DEADLINE_S 60
 
 typedef enum { TORCHRUN, OPEN_MPI, SLURM } launcher;
 
-/* A port with the next one free too: braid's store listens on
- * MASTER_PORT + 1, beside torchrun's own store. */
-static int free_port_pair(void)
-{
-    for (int tries = 0; tries < 50; tries++) {
-        int fd = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-        socklen_t len = sizeof(a);
-        ck_assert_int_ge(fd, 0);
-        ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-        ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-        close(fd);
-        int port = ntohs(a.sin_port);
-        if (port > 1024 && port < 65535)
-            return port - 1;
-    }
-    ck_abort_msg("no free port");
-    return -1;
-}
-
-static void set_int(const char *name, int v)
-{
-    char text[16];
-    snprintf(text, sizeof(text), "%d", v);
-    setenv(name, text, 1);
-}
 
 /* Only the chosen launcher's variables, as a fresh process would see them. */
 static void set_launcher_env(launcher l, int rank, int master_port)
@@ -56,25 +31,25 @@ static void set_launcher_env(launcher l, int rank, int master_port)
     for (const char *const *p = all; *p; p++)
         unsetenv(*p);
     setenv("MASTER_ADDR", "127.0.0.1", 1);
-    set_int("MASTER_PORT", master_port);
+    harness_setenv_int("MASTER_PORT", master_port);
     /* Local ranks deliberately differ from the rank order, so the test
      * sees that the launcher's value wins. */
     int local = NRANKS - 1 - rank;
     switch (l) {
     case TORCHRUN:
-        set_int("RANK", rank);
-        set_int("WORLD_SIZE", NRANKS);
-        set_int("LOCAL_RANK", local);
+        harness_setenv_int("RANK", rank);
+        harness_setenv_int("WORLD_SIZE", NRANKS);
+        harness_setenv_int("LOCAL_RANK", local);
         break;
     case OPEN_MPI:
-        set_int("OMPI_COMM_WORLD_RANK", rank);
-        set_int("OMPI_COMM_WORLD_SIZE", NRANKS);
-        set_int("OMPI_COMM_WORLD_LOCAL_RANK", local);
+        harness_setenv_int("OMPI_COMM_WORLD_RANK", rank);
+        harness_setenv_int("OMPI_COMM_WORLD_SIZE", NRANKS);
+        harness_setenv_int("OMPI_COMM_WORLD_LOCAL_RANK", local);
         break;
     case SLURM:
-        set_int("SLURM_PROCID", rank);
-        set_int("SLURM_NTASKS", NRANKS);
-        set_int("SLURM_LOCALID", local);
+        harness_setenv_int("SLURM_PROCID", rank);
+        harness_setenv_int("SLURM_NTASKS", NRANKS);
+        harness_setenv_int("SLURM_LOCALID", local);
         setenv("SLURM_JOB_ID", "4242", 1);
         break;
     }
@@ -107,7 +82,7 @@ static int rank_main(launcher l, int rank, int master_port)
 
 static void run_launcher(launcher l)
 {
-    int port = free_port_pair();
+    int port = harness_free_port_pair();
     pid_t pids[NRANKS];
     for (int r = 0; r < NRANKS; r++) {
         pids[r] = fork();
@@ -146,7 +121,7 @@ static double now_s(void)
  * values, long before the 60 s timeout. */
 static void run_size_mismatch(int odd)
 {
-    int port = free_port_pair();
+    int port = harness_free_port_pair();
     pid_t pids[NRANKS];
     double t0 = now_s();
     for (int r = 0; r < NRANKS; r++) {
@@ -157,7 +132,7 @@ static void run_size_mismatch(int odd)
             alarm(DEADLINE_S);
             set_launcher_env(TORCHRUN, r, port);
             if (r == odd)
-                set_int("WORLD_SIZE", NRANKS + 1);
+                harness_setenv_int("WORLD_SIZE", NRANKS + 1);
             setenv("BRAID_TIMEOUT_MS", "60000", 1);
             braid_pg *pg;
             braid_status st = braid_pg_init_env(&pg, NULL);
@@ -195,7 +170,7 @@ END_TEST
 /* A local rank outside the job is the launcher's mistake, said clearly. */
 START_TEST(test_bad_local_rank)
 {
-    set_launcher_env(TORCHRUN, 0, free_port_pair());
+    set_launcher_env(TORCHRUN, 0, harness_free_port_pair());
     setenv("WORLD_SIZE", "1", 1);
     setenv("LOCAL_RANK", "7", 1);
     braid_pg *pg;

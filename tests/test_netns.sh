@@ -261,8 +261,9 @@ for spec in "uint8 sum" "float sum" "int32 max" "double avg" "int8 min" "bfloat1
   soak_calls=$((soak_calls + 1))
   wait_job "$t0" 240
   log=$work/$name-r0.log
-  rows=$(awk '!/^#/ && NF >= 13' "$log" | wc -l)
-  wrong=$(awk '!/^#/ && NF >= 13 { w += $9 + $13 } END { print w + 0 }' "$log")
+  # Table rows only: they start with the size (a log line may have 13 words).
+  rows=$(awk '$1 ~ /^[0-9]+$/ && NF >= 13' "$log" | wc -l)
+  wrong=$(awk '$1 ~ /^[0-9]+$/ && NF >= 13 { w += $9 + $13 } END { print w + 0 }' "$log")
   soak_rows=$((soak_rows + rows))
   rcs=""
   for ((k = 0; k < nranks; k++)); do rcs="$rcs ${job_rc[$k]}"; done

@@ -16,8 +16,11 @@
 #include <unistd.h>
 
 #include "braid.h"
+#include "harness.h"
 
-#define NRANKS 3
+/* Ranks in the job (WORLD_SIZE): 3 unless a test says otherwise. */
+#define NRANKS 4
+static int world = 3;
 #define DEADLINE_S 60
 #define TEXT_MAX 4096
 
@@ -35,31 +38,6 @@ static long now_ms(void)
     return ts.tv_sec * 1000L + ts.tv_nsec / 1000000;
 }
 
-/* A free port whose successor (braid's store: MASTER_PORT + 1) is free too. */
-static int free_master_port(void)
-{
-    for (int tries = 0; tries < 50; tries++) {
-        int fd = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-        socklen_t len = sizeof(a);
-        ck_assert_int_ge(fd, 0);
-        ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-        ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-        close(fd);
-        int port = ntohs(a.sin_port);
-        if (port > 1024 && port < 65535)
-            return port - 1;
-    }
-    ck_abort_msg("no free port");
-    return -1;
-}
-
-static void set_int(const char *name, int v)
-{
-    char text[16];
-    snprintf(text, sizeof(text), "%d", v);
-    setenv(name, text, 1);
-}
 
 /* One rank: join after start_delay_ms, all-reduce once if that worked, and
  * write "status elapsed_ms error text" to out_fd. */
@@ -69,9 +47,9 @@ static int rank_main(int rank, int master_port, int start_delay_ms, int out_fd)
     unsetenv("BRAID_JOB_SECRET");
     setenv("BRAID_DEBUG", "WARN", 1);
     setenv("MASTER_ADDR", "127.0.0.1", 1);
-    set_int("MASTER_PORT", master_port);
-    set_int("RANK", rank);
-    set_int("WORLD_SIZE", NRANKS);
+    harness_setenv_int("MASTER_PORT", master_port);
+    harness_setenv_int("RANK", rank);
+    harness_setenv_int("WORLD_SIZE", world);
     if (start_delay_ms > 0)
         usleep((useconds_t)start_delay_ms * 1000);
     braid_pg *pg = NULL;
@@ -83,7 +61,7 @@ static int rank_main(int rank, int master_port, int start_delay_ms, int out_fd)
     if (st == BRAID_OK) {
         int v = rank + 1;
         braid_status ar = braid_allreduce(pg, &v, &v, 1, BRAID_I32, BRAID_SUM, NULL, NULL);
-        if (ar != BRAID_OK || v != NRANKS * (NRANKS + 1) / 2)
+        if (ar != BRAID_OK || v != world * (world + 1) / 2)
             n = snprintf(line, sizeof(line), "%d %ld allreduce: %s (v=%d)", (int)BRAID_ERR_INTERNAL, elapsed,
                          braid_last_error(), v);
         braid_pg_destroy(pg);
@@ -167,7 +145,7 @@ static int count_of(const char *text, const char *needle)
  * store; rank 1 fails at the same moment with rank 0's words. */
 START_TEST(test_rank_never_joins)
 {
-    int port = free_master_port();
+    int port = harness_free_port_pair();
     setenv("BRAID_INIT_TIMEOUT_MS", "4000", 1);
     rank_result res[NRANKS];
     run_ranks(port, 0x3, NULL, res);
@@ -196,13 +174,32 @@ START_TEST(test_rank_never_joins)
 }
 END_TEST
 
+/* Two of four ranks never start: both are named, in the log and the error. */
+START_TEST(test_two_ranks_never_join)
+{
+    int port = harness_free_port_pair();
+    world = 4;
+    setenv("BRAID_INIT_TIMEOUT_MS", "2000", 1);
+    rank_result res[NRANKS];
+    run_ranks(port, 0x3, NULL, res);
+    for (int r = 0; r < 2; r++) {
+        ck_assert_msg(res[r].status == BRAID_ERR_TIMEOUT, "rank %d: status %d: %s", r, res[r].status, res[r].error);
+        ASSERT_HAS(res[r].error, "rank 0: ranks 2, 3 never joined: 2 of 4 ranks reached the store at");
+    }
+    ASSERT_HAS(res[0].log, "2 of 4 ranks joined the store at");
+    ASSERT_HAS(res[0].log, "waiting for ranks 2, 3 (");
+    unsetenv("BRAID_INIT_TIMEOUT_MS");
+    world = 3;
+}
+END_TEST
+
 /* Another program listens on MASTER_PORT + 1 and never answers. Rank 0
  * cannot bind it: BRAID_ERR_SYSTEM naming the variable and the fix, at
  * once. Rank 1 reaches the stranger and fails within a quarter of the init
  * timeout with the same advice, instead of waiting out the timeout. */
 START_TEST(test_store_port_in_use)
 {
-    int port = free_master_port();
+    int port = harness_free_port_pair();
     int stranger = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(port + 1)),
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -233,7 +230,7 @@ END_TEST
  * check, when the init timeout passes. */
 START_TEST(test_rank0_missing)
 {
-    int port = free_master_port();
+    int port = harness_free_port_pair();
     setenv("BRAID_INIT_TIMEOUT_MS", "2000", 1);
     rank_result res[NRANKS];
     run_ranks(port, 0x2, NULL, res);
@@ -252,13 +249,13 @@ END_TEST
  * late joins a group whose collectives time out after 2 s. */
 START_TEST(test_init_timeout_separate)
 {
-    int port = free_master_port();
+    int port = harness_free_port_pair();
     setenv("BRAID_TIMEOUT_MS", "2000", 1);
     setenv("BRAID_INIT_TIMEOUT_MS", "30000", 1);
-    const int delays[NRANKS] = {0, 0, 4000};
+    const int delays[NRANKS] = {0, 0, 4000, 0};
     rank_result res[NRANKS];
     run_ranks(port, 0x7, delays, res);
-    for (int r = 0; r < NRANKS; r++)
+    for (int r = 0; r < world; r++)
         ck_assert_msg(res[r].status == BRAID_OK, "rank %d: status %d: %s", r, res[r].status, res[r].error);
     ck_assert_msg(res[0].elapsed_ms >= 3900, "rank 0 joined after %ld ms", res[0].elapsed_ms);
     ASSERT_HAS(res[0].log, "waiting for rank 2 (");
@@ -273,6 +270,7 @@ int main(void)
     TCase *tc = tcase_create("startup");
     tcase_set_timeout(tc, DEADLINE_S + 10);
     tcase_add_test(tc, test_rank_never_joins);
+    tcase_add_test(tc, test_two_ranks_never_join);
     tcase_add_test(tc, test_store_port_in_use);
     tcase_add_test(tc, test_rank0_missing);
     tcase_add_test(tc, test_init_timeout_separate);
