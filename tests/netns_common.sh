@@ -17,7 +17,8 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/$tag.XXXXXX")
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+  # Children too: a rank under timeout(1) outlives a killed timeout.
+  for p in "${pids[@]}"; do pkill -KILL -P "$p" 2>/dev/null || true; kill -KILL "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
   # Deleting a namespace removes its veth ends and qdiscs with it.
   for ns in "${made[@]}"; do ip netns del "$ns" 2>/dev/null || true; done

@@ -104,6 +104,8 @@ wait_job() {
       [ -z "${job_rc[$k]:-}" ] || continue
       if kill -0 "${job_pid[$k]}" 2>/dev/null; then
         if ! le "$(elapsed "$t0" "$(now)")" "$deadline"; then
+          # The rank runs under timeout(1), which killing does not pass on.
+          pkill -KILL -P "${job_pid[$k]}" 2>/dev/null
           kill -KILL "${job_pid[$k]}" 2>/dev/null
           wait "${job_pid[$k]}" 2>/dev/null
           job_rc[$k]=hung
