@@ -43,6 +43,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include "harness.h"
 
 #define RUN_TIMEOUT_S 240
 #define SKIP 77
@@ -274,38 +275,12 @@ START_TEST(test_no_overlap_same_weights)
 }
 END_TEST
 
-/* A port P with P+1 also free on loopback (braid's env store uses P+1). */
-static int free_port_pair(void)
-{
-    for (int attempt = 0; attempt < 50; attempt++) {
-        int s = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-        socklen_t len = sizeof(a);
-        if (s < 0 || bind(s, (struct sockaddr *)&a, sizeof(a)) != 0 ||
-            getsockname(s, (struct sockaddr *)&a, &len) != 0) {
-            if (s >= 0)
-                close(s);
-            continue;
-        }
-        int port = ntohs(a.sin_port);
-        close(s);
-        int t = socket(AF_INET, SOCK_STREAM, 0);
-        a.sin_port = htons((uint16_t)(port + 1));
-        int ok = port < 65535 && t >= 0 && bind(t, (struct sockaddr *)&a, sizeof(a)) == 0;
-        if (t >= 0)
-            close(t);
-        if (ok)
-            return port;
-    }
-    return -1;
-}
-
 START_TEST(test_launcher_env)
 {
     enum { N = 2 };
     run_result spawned;
     run_local("spawn2", N, NULL, &spawned);
-    int port = free_port_pair();
+    int port = harness_free_port_pair();
     ck_assert_msg(port > 0, "no free port pair on loopback");
     static char envs[N][4][64];
     pid_t pids[N];

@@ -32,10 +32,11 @@ missing, with the reason.
 """
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
+
+from free_ports import free_ports  # tests/ is sys.path[0]
 
 SKIP = 77
 WORLD = 2
@@ -53,20 +54,7 @@ def skip(reason):
 def free_port_pair():
     """A port P with P+1 also free: torch's store takes MASTER_PORT and
     braid's store MASTER_PORT+1."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port >= 65535:
-            continue
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", port))
-                b.bind(("127.0.0.1", port + 1))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no two adjacent free ports on 127.0.0.1")
+    return free_ports(2)
 
 
 # ---- worker (one rank) ------------------------------------------------
@@ -122,7 +110,10 @@ def worker(mode, rank, port, out):
     import torch.distributed as dist
     import torch.nn as nn
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD))
+    # A bounded braid rendezvous too: a rank that failed to start must
+    # not leave its peer waiting out the 30-minute default.
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
+                      BRAID_INIT_TIMEOUT_MS="120000")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     import datetime
 

@@ -27,11 +27,12 @@ GPU is missing. Self-contained: no braid Python package needed.
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+
+from free_ports import free_ports  # tests/ is sys.path[0]
 
 SKIP = 77
 WORLD = 2
@@ -39,9 +40,7 @@ TOLERANCE = 1e-5
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)
 
 
 def nccl_libs_mapped():
