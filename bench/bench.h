@@ -65,6 +65,7 @@ typedef struct {
     double time_us;      /* mean per-iteration time, max over ranks */
     double algbw, busbw; /* GB/s (1e9 bytes/s) */
     long long wrong;     /* wrong elements summed over ranks; -1: not checked */
+    double cpu_us;       /* user + system CPU time per call, summed over ranks */
 } bench_result;
 
 /* options.c */

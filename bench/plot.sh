@@ -33,7 +33,7 @@ out=$1; shift
 # gnuplot double-quoted string
 q() { local s=${1//\\/\\\\}; printf '"%s"' "${s//\"/\\\"}"; }
 
-header="size,count,type,redop,root,oop_time_us,oop_algbw,oop_busbw,oop_wrong,ip_time_us,ip_algbw,ip_busbw,ip_wrong,nranks,label"
+header="size,count,type,redop,root,oop_time_us,oop_algbw,oop_busbw,oop_wrong,ip_time_us,ip_algbw,ip_busbw,ip_wrong,nranks,label,oop_cpu_us,ip_cpu_us"
 plots=()
 for f in "$@"; do
   [ -r "$f" ] || { echo "plot.sh: cannot read $f" >&2; exit 2; }

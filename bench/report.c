@@ -13,7 +13,7 @@
 #include "bench.h"
 
 static const char csv_header[] = "size,count,type,redop,root,oop_time_us,oop_algbw,oop_busbw,oop_wrong,"
-                                 "ip_time_us,ip_algbw,ip_busbw,ip_wrong,nranks,label";
+                                 "ip_time_us,ip_algbw,ip_busbw,ip_wrong,nranks,label,oop_cpu_us,ip_cpu_us";
 
 void bench_report_label(const bench_opts *opts, int nranks, char *buf, size_t len)
 {
@@ -156,7 +156,7 @@ void bench_report_row(bench_report *rep, const bench_opts *opts, int nranks, siz
         fprintf(rep->csv, "%zu,%zu,%s,%s,%d", bytes, count, bench_type_name(dtype), opname, root);
         csv_half(rep->csv, oop);
         csv_half(rep->csv, ip);
-        fprintf(rep->csv, ",%d,%s\n", nranks, label);
+        fprintf(rep->csv, ",%d,%s,%.3f,%.3f\n", nranks, label, oop->cpu_us, ip->cpu_us);
         fflush(rep->csv);
     }
 }

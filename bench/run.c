@@ -9,6 +9,7 @@
  * goes through the public API, including the barrier and the gathers. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -29,6 +30,15 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* User + system CPU time of this process: every rank is a process of its
+ * own, so this counts the rank and its library threads. */
+static double cpu_s(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
 }
 
 const char *bench_error_text(braid_status st)
@@ -241,7 +251,7 @@ static int bench_time(run_ctx *c, size_t count, braid_dtype dtype, braid_op op, 
      * -n, and a failed group stops the loop at the next wait (within the
      * timeout) instead of issuing every remaining iteration. */
     braid_work *works[ISSUE_WINDOW] = {0};
-    double t0 = now_s(), t_issued;
+    double cpu0 = cpu_s(), t0 = now_s(), t_issued;
     int rc = 0;
     for (int i = 0; i < o->iters && rc == 0; i++) {
         braid_work **slot = o->blocking ? NULL : &works[i % ISSUE_WINDOW];
@@ -257,6 +267,11 @@ static int bench_time(run_ctx *c, size_t count, braid_dtype dtype, braid_op op, 
     /* nccl-tests divides by iters x agg_iters: the time per collective.
      * -C reports the time to issue them instead of to complete them. */
     double dt = ((o->report_cputime ? t_issued : now_s()) - t0) / o->iters / o->agg_iters;
+    /* CPU cost per call of the whole group: the sum over ranks. */
+    double cpu = (cpu_s() - cpu0) / o->iters / o->agg_iters;
+    if (reduce_scalar(c, &cpu, BRAID_F64, BRAID_SUM, "cpu time all-reduce"))
+        return -1;
+    res->cpu_us = cpu * 1e6;
     /* nccl-tests' -a: 0 reports rank 0's own time (the only one printed). */
     static const braid_op time_ops[] = {BRAID_SUM, BRAID_AVG, BRAID_MIN, BRAID_MAX};
     if (o->average != 0 && reduce_scalar(c, &dt, BRAID_F64, time_ops[o->average], "time all-reduce"))

@@ -121,8 +121,11 @@ local_tests() {
       lines=$(wc -l <"$csv")
       heads=$(grep -c '^size,count,type,redop,root,oop_time_us' "$csv")
       [ "$lines" -eq 9 ] && [ "$heads" -eq 1 ] || fail "csv: $lines lines ($heads headers), expected 1 header + 2 x 4 rows"
-      awk -F, 'NR > 1 && (NF != 15 || $9 != "0" || $13 != "0") { bad = 1 } END { exit bad }' "$csv" ||
-        fail "csv rows must have 15 fields and 0 wrong"
+      # The CPU columns: a number of microseconds per call each, and some
+      # CPU time spent over the whole run.
+      awk -F, 'NR > 1 && (NF != 17 || $9 != "0" || $13 != "0" || $16 !~ /^[0-9.]+$/ || $17 !~ /^[0-9.]+$/) { bad = 1 }
+        NR > 1 { cpu += $16 + $17 } END { exit bad || cpu <= 0 }' "$csv" ||
+        fail "csv rows must have 17 fields, 0 wrong and CPU times"
       [ "$(awk -F, 'NR > 1 { print $14 "/" $15 }' "$csv" | sort -u | tr '\n' ' ')" = "2/two 4/four " ] ||
         fail "csv: nranks/label columns wrong"
       ok
