@@ -78,17 +78,6 @@ static int rank_of(const braid_bucketer *b)
     return braid_pg_rank(b->pg);
 }
 
-/* The detail of an error text without its "BRAID_ERR_X: " prefix, so that
- * wrapping it does not repeat the status name. */
-static const char *strip_status(const char *text, braid_status st)
-{
-    const char *name = braid_status_string(st);
-    size_t n = strlen(name);
-    if (strncmp(text, name, n) == 0 && text[n] == ':' && text[n + 1] == ' ')
-        return text + n + 2;
-    return text;
-}
-
 /* ---- layout ---------------------------------------------------------- */
 
 static braid_status bucket_push(braid_bucketer *b, bucket *bk, int id)
@@ -317,7 +306,7 @@ static braid_status check_layout_across_ranks(braid_bucketer *b)
     if (st != BRAID_OK) {
         free(sums);
         char text[TEXT_MAX];
-        snprintf(text, sizeof(text), "%s", strip_status(braid_last_error(), st));
+        snprintf(text, sizeof(text), "%s", braid__error_detail());
         return braid__error(st, "rank %d: bucketer: checking the bucket layout across ranks failed: %s", rank, text);
     }
     const int64_t *mine = sums + (size_t)rank * SUM_WORDS;
@@ -551,7 +540,7 @@ static braid_status launch(braid_bucketer *b, int k)
         bk->work = NULL;
         bk->launched = 0; /* nothing to wait for or copy back */
         char text[TEXT_MAX];
-        snprintf(text, sizeof(text), "%s", strip_status(braid_last_error(), st));
+        snprintf(text, sizeof(text), "%s", braid__error_detail());
         braid__error(st, "rank %d: bucketer step %llu: cannot start the all-reduce of bucket %d (%zu elements): %s",
                      rank_of(b), b->step, k, bk->count, text);
         b->step_status = st;
@@ -588,7 +577,7 @@ BRAID_API braid_status braid_bucketer_ready(braid_bucketer *b, int param_id)
                               : cast_prescaled(b, bk->wire_dtype, dst, p->grad, p->count, dev);
         if (st != BRAID_OK) {
             char text[TEXT_MAX];
-            snprintf(text, sizeof(text), "%s", strip_status(braid_last_error(), st));
+            snprintf(text, sizeof(text), "%s", braid__error_detail());
             p->marked = 0; /* not taken: the caller may retry or give up */
             return braid__error(st, "rank %d: bucketer step %llu: cannot copy device gradient of param %d: %s",
                                 rank_of(b), b->step, param_id, text);
@@ -617,7 +606,7 @@ static braid_status drain_bucket(braid_bucketer *b, int k, char *text, size_t te
             snprintf(text, text_cap,
                      "rank %d: bucketer step %llu: all-reduce of bucket %d (%zu elements, %d params) "
                      "failed: %s",
-                     rank_of(b), b->step, k, bk->count, bk->nparams, strip_status(braid_last_error(), st));
+                     rank_of(b), b->step, k, bk->count, bk->nparams, braid__error_detail());
             return st;
         }
     }
@@ -647,7 +636,7 @@ static braid_status drain_bucket(braid_bucketer *b, int k, char *text, size_t te
         if (st != BRAID_OK) {
             snprintf(text, text_cap, "rank %d: bucketer step %llu: cannot copy the average of bucket %d back to "
                      "device gradient of param %d: %s", rank_of(b), b->step, k, bk->param_ids[i],
-                     strip_status(braid_last_error(), st));
+                     braid__error_detail());
             return st;
         }
     }

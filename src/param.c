@@ -114,6 +114,10 @@ const braid_param_info braid__params[] = {
     STR("PMIX_NAMESPACE", LAUNCHER, NULL, "job id mixed into the derived secret (PMIx)"),
     STR("NCCL_DEBUG", LAUNCHER, NULL, "NCCL drop-in (`libnccl.so.2`): `WARN`, `INFO` or `TRACE` prints each error "
                                       "the shim returns (docs/NCCL_COMPAT.md)"),
+    INT("NCCL_COMM_BLOCKING", LAUNCHER, LLONG_MIN, LLONG_MAX, NULL,
+        "NCCL drop-in: `1` makes every communicator blocking, `0` nonblocking, whatever `ncclConfig_t.blocking` "
+        "says (read at each communicator creation, split and shrink, as NCCL 2.28 does); other integers are "
+        "ignored"),
 
     INT("BRAID_TEST_CORRUPT_CHUNK", TEST, 0, LLONG_MAX, "0",
         "flip one bit of the K-th non-empty message this process sends with checksums on (docs/RELIABILITY.md)"),

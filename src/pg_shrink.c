@@ -111,10 +111,7 @@ static uint32_t get32(const uint8_t *p)
 /* This thread's error text without its status name, to quote as a cause. */
 static void last_cause(char *buf, size_t cap)
 {
-    const char *t = braid_last_error(), *sep = strstr(t, ": ");
-    if (strncmp(t, "BRAID_", 6) == 0 && sep)
-        t = sep + 2;
-    snprintf(buf, cap, "%s", t);
+    snprintf(buf, cap, "%s", braid__error_detail());
 }
 
 /* ---- set-up and teardown ------------------------------------------------ */

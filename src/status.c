@@ -81,12 +81,19 @@ void braid__error_set_text(const char *text)
         snprintf(error_text, sizeof(error_text), "%s", text);
 }
 
+const char *braid__status_strip(const char *text)
+{
+    for (int st = 0; st < BRAID_STATUS_COUNT; st++) {
+        size_t n = strlen(status_names[st]);
+        if (strncmp(text, status_names[st], n) == 0 && text[n] == ':' && text[n + 1] == ' ')
+            return text + n + 2;
+    }
+    return text;
+}
+
 const char *braid__error_detail(void)
 {
-    const char *colon = strstr(error_text, ": ");
-    if (colon && strncmp(error_text, "BRAID_", 6) == 0 && (size_t)(colon - error_text) < 32)
-        return colon + 2;
-    return error_text;
+    return braid__status_strip(error_text);
 }
 
 const char *braid__dtype_name(braid_dtype dtype)

@@ -27,6 +27,11 @@ void braid__error_set_text(const char *text);
  * quote when wrapping it in a new error. */
 const char *braid__error_detail(void);
 
+/* text without a leading "BRAID_ERR_X: " status name (text itself when it
+ * has none): every place that quotes an error text inside another uses
+ * this, so that no status name appears twice. */
+const char *braid__status_strip(const char *text);
+
 /* Names for messages: "f32", "bf16", "sum", "avg"; "invalid" otherwise. */
 const char *braid__dtype_name(braid_dtype dtype);
 const char *braid__op_name(braid_op op);

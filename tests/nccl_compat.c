@@ -19,12 +19,18 @@
  * usage: nccl_compat [NRANKS...]   (default: 1 2 3 4) */
 #include <nccl.h>
 
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -52,7 +58,31 @@ static int g_rank = -1;
             FAIL("%s failed: %s: %s", #cmd, ncclGetErrorString(r_), ncclGetLastError(NULL));                           \
     } while (0)
 
-/* A specific failure whose text mentions needle. */
+/* A word said twice in a row ("BRAID_ERR_PEER: BRAID_ERR_PEER: ..."), as
+ * a status name does when one layer adds it to a text that has it: the
+ * word, or NULL. */
+static const char *doubled_word(const char *text)
+{
+    static char word[64];
+    for (const char *p = text; *p; p++) {
+        if (p != text && (isalnum((unsigned char)p[-1]) || p[-1] == '_'))
+            continue;
+        size_t n = 0;
+        while (isalnum((unsigned char)p[n]) || p[n] == '_')
+            n++;
+        if (n < 4 || n >= sizeof(word) || strncmp(p + n, ": ", 2) != 0 || strncmp(p + n + 2, p, n) != 0)
+            continue;
+        char after = p[2 * n + 2];
+        if (!isalnum((unsigned char)after) && after != '_') {
+            memcpy(word, p, n);
+            word[n] = '\0';
+            return word;
+        }
+    }
+    return NULL;
+}
+
+/* A specific failure whose text mentions needle and no name twice. */
 #define EXPECT(cmd, code, needle)                                                                                      \
     do {                                                                                                               \
         ncclResult_t r_ = (cmd);                                                                                       \
@@ -61,6 +91,9 @@ static int g_rank = -1;
                  ncclGetErrorString(code));                                                                            \
         if ((needle) && !strstr(ncclGetLastError(NULL), (needle) ? (needle) : ""))                                     \
             FAIL("%s: error text \"%s\" lacks \"%s\"", #cmd, ncclGetLastError(NULL), (needle) ? (needle) : "");       \
+        if (doubled_word(ncclGetLastError(NULL)))                                                                      \
+            FAIL("%s: error text \"%s\" says \"%s\" twice", #cmd, ncclGetLastError(NULL),                              \
+                 doubled_word(ncclGetLastError(NULL)));                                                                \
     } while (0)
 
 /* Poll ncclCommGetAsyncError until comm leaves ncclInProgress (bounded). */
@@ -83,12 +116,17 @@ static ncclResult_t settle(ncclComm_t comm, ncclResult_t r)
  * init's result. */
 static ncclResult_t init_one(const void *config)
 {
-    ncclUniqueId id;
-    ncclResult_t r = ncclGetUniqueId(&id);
+    /* An id a refused config never used serves the next init: each id
+     * keeps a socket in this process until used, and braid keeps only the
+     * newest few (the ids the parent made for this rank among them). */
+    static ncclUniqueId id;
+    static int unused;
+    ncclResult_t r = unused ? ncclSuccess : ncclGetUniqueId(&id);
     if (r != ncclSuccess)
         return r;
     ncclComm_t c = NULL;
     r = ncclCommInitRankConfig(&c, 1, id, 0, (ncclConfig_t *)config);
+    unused = r == ncclInvalidArgument;
     if (r == ncclInProgress)
         r = settle(c, r);
     if (c)
@@ -167,6 +205,42 @@ static int test_config_versions(void)
     c.netName = "Socket";
     CHECK(init_one(&c));
     return 0;
+}
+
+/* NCCL_COMM_BLOCKING overrides config.blocking both ways, as NCCL 2.28's
+ * envConfigOverride does; values other than 0 and 1 are ignored. blocking
+ * -1: ncclCommInitRank, no config. A nonblocking init returns
+ * ncclInProgress; a blocking one, and its calls, never do. */
+static int init_with_env(const char *env, int blocking, ncclResult_t want)
+{
+    ncclUniqueId id;
+    CHECK(ncclGetUniqueId(&id));
+    ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
+    c.blocking = blocking;
+    ncclComm_t comm = NULL;
+    setenv("NCCL_COMM_BLOCKING", env, 1);
+    ncclResult_t r = blocking < 0 ? ncclCommInitRank(&comm, 1, id, 0) : ncclCommInitRankConfig(&comm, 1, id, 0, &c);
+    unsetenv("NCCL_COMM_BLOCKING");
+    if (r != want)
+        FAIL("NCCL_COMM_BLOCKING=%s, config.blocking %d: init returned %s, want %s", env, blocking,
+             ncclGetErrorString(r), ncclGetErrorString(want));
+    CHECK(settle(comm, r));
+    int32_t v = 7;
+    r = ncclAllReduce(&v, &v, 1, ncclInt32, ncclSum, comm, NULL);
+    if (want == ncclSuccess && r != ncclSuccess)
+        FAIL("NCCL_COMM_BLOCKING=%s: all-reduce on a blocking communicator returned %s", env, ncclGetErrorString(r));
+    CHECK(settle(comm, r));
+    if (v != 7)
+        FAIL("NCCL_COMM_BLOCKING=%s: one-rank all-reduce gave %d", env, v);
+    CHECK(ncclCommDestroy(comm));
+    return 0;
+}
+
+static int test_env_blocking(void)
+{
+    return init_with_env("0", 1, ncclInProgress) || init_with_env("0", -1, ncclInProgress) ||
+           init_with_env("1", 0, ncclSuccess) || init_with_env("1", -1, ncclSuccess) ||
+           init_with_env("2", 0, ncclInProgress) || init_with_env("2", 1, ncclSuccess);
 }
 
 /* ---- data ------------------------------------------------------------- */
@@ -336,6 +410,39 @@ static int test_collectives(ncclComm_t comm, int rank, int n)
     return 0;
 }
 
+/* With NCCL_DEBUG=WARN, the line printed for a failed call names the
+ * communicator too. */
+static int warn_names_comm(ncclComm_t comm)
+{
+    char path[] = "/tmp/nccl_compat_warn_XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0)
+        FAIL("mkstemp: %s", strerror(errno));
+    unlink(path);
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(fd, 2);
+    setenv("NCCL_DEBUG", "WARN", 1);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    ncclResetDebugInit();
+    ncclResult_t r = ncclCommUserRank(comm, NULL);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    unsetenv("NCCL_DEBUG");
+    ncclResetDebugInit();
+#pragma GCC diagnostic pop
+    char log[2048] = "";
+    ssize_t got = pread(fd, log, sizeof(log) - 1, 0);
+    close(fd);
+    log[got > 0 ? got : 0] = '\0';
+    if (r != ncclInvalidArgument || !strstr(log, "NCCL WARN ncclCommUserRank") || !strstr(log, "compat"))
+        FAIL("NCCL_DEBUG=WARN: ncclCommUserRank(comm, NULL) returned %s and printed \"%s\"; want a WARN line naming "
+             "\"compat\"", ncclGetErrorString(r), log);
+    return 0;
+}
+
 static int test_comm_queries(ncclComm_t comm, int rank, int n)
 {
     int count = -1, urank = -1, dev = -2, v = 0;
@@ -368,6 +475,11 @@ static int test_comm_queries(ncclComm_t comm, int rank, int n)
     /* the communicator's name (config.commName) is in the text */
     if (!strstr(ncclGetLastError(NULL), "(compat)"))
         FAIL("error text lacks the communicator's name: %s", ncclGetLastError(NULL));
+    EXPECT(ncclCommCount(comm, NULL), ncclInvalidArgument, "(comm \"compat\")");
+    EXPECT(ncclAllReduce(NULL, NULL, 5, ncclInt32, ncclSum, comm, NULL), ncclInvalidArgument, "compat");
+    EXPECT(ncclAllReduce(mem, mem, 5, ncclInt32, (ncclRedOp_t)99, comm, NULL), ncclInvalidArgument, "compat");
+    if (rank == 0 && warn_names_comm(comm))
+        return 1;
     EXPECT(ncclCommWindowDeregister(comm, NULL), ncclInvalidUsage, "symmetric memory");
     EXPECT(ncclDevCommCreate(comm, NULL, NULL), ncclInvalidUsage, "device communicators");
     EXPECT(ncclDevCommDestroy(comm, NULL), ncclInvalidUsage, "device communicators");
@@ -497,6 +609,10 @@ static int test_kill_shrink(ncclComm_t comm, int rank, int n)
     ncclResult_t r = ncclAllReduce(&x, &x, 1, ncclInt32, ncclSum, comm, NULL);
     if (r == ncclSuccess)
         FAIL("all-reduce with rank %d dead succeeded", victim);
+    /* braid's text passes through the shim with its status name once */
+    const char *text = ncclGetLastError(NULL), *st = strstr(text, "BRAID_ERR_");
+    if (!st || strstr(st + 1, "BRAID_ERR_") || doubled_word(text))
+        FAIL("all-reduce with a dead peer: text \"%s\" should name braid's status once", text);
     /* ... and a shrink without it makes a working communicator. */
     ncclComm_t small = NULL;
     int flags = rank % 2 ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT;
@@ -519,12 +635,47 @@ static int test_kill_shrink(ncclComm_t comm, int rank, int n)
 
 typedef struct {
     ncclUniqueId main_id, scalable[2], fault_id;
+    ncclUniqueId fresh[3]; /* for the scalable init past a dead id */
+    ncclUniqueId dead[2];  /* ids of a port that is bound and never listens */
+    int dead_port[2];
 } ids;
+
+/* ncclCommInitRankScalable meets at the first id that answers: past a dead
+ * first one; with none, ncclRemoteError naming each id and why. */
+static int test_scalable_dead(int rank, int n, const ids *id)
+{
+    if (n > 1) {
+        ncclUniqueId list[3] = {id->dead[0], id->fresh[0], id->fresh[1]};
+        ncclComm_t c = NULL;
+        CHECK(ncclCommInitRankScalable(&c, n, rank, n > 2 ? 3 : 2, list, NULL));
+        if (check_sum(c, n, "ncclCommInitRankScalable past a dead first id"))
+            return 1;
+        CHECK(ncclCommDestroy(c));
+    }
+    ncclUniqueId dead[2] = {id->dead[0], id->dead[1]};
+    int nid = n > 1 ? 2 : 1;
+    ncclComm_t c = NULL;
+    setenv("BRAID_INIT_TIMEOUT_MS", "1500", 1); /* how long the other ranks keep trying */
+    ncclResult_t r = ncclCommInitRankScalable(&c, n, rank, nid, dead, NULL);
+    unsetenv("BRAID_INIT_TIMEOUT_MS");
+    EXPECT(r, ncclRemoteError, rank == 0 ? "cannot serve its store" : "answered within");
+    for (int i = 0; i < nid; i++) {
+        char want[64];
+        snprintf(want, sizeof(want), "id %d (127.0.0.1:%d): ", i, id->dead_port[i]);
+        if (!strstr(ncclGetLastError(NULL), want))
+            FAIL("scalable init with dead ids: text \"%s\" lacks \"%s\"", ncclGetLastError(NULL), want);
+    }
+    if (!strstr(ncclGetLastError(NULL), rank == 0 ? "in use" : "refused"))
+        FAIL("scalable init with dead ids: text \"%s\" does not say why", ncclGetLastError(NULL));
+    if (c)
+        FAIL("failed ncclCommInitRankScalable set *newcomm");
+    return 0;
+}
 
 static int rank_main(int rank, int n, const ids *id)
 {
     g_rank = rank;
-    if (test_config_versions())
+    if (test_config_versions() || test_env_blocking())
         return 1;
 
     /* 2: nonblocking init */
@@ -557,6 +708,8 @@ static int rank_main(int rank, int n, const ids *id)
     EXPECT(ncclCommInitRankScalable(&sc, n, rank, n + 1, (ncclUniqueId *)id->scalable, NULL), ncclInvalidArgument,
            "nId");
     CHECK(ncclCommDestroy(sc));
+    if (test_scalable_dead(rank, n, id))
+        return 1;
 
     if (rank == 0) {
         ncclComm_t all[3];
@@ -588,11 +741,37 @@ static int rank_main(int rank, int n, const ids *id)
     return 0;
 }
 
+/* A unique id of a loopback port that *fd holds bound but never listens
+ * on: connections are refused and nobody else can bind it. braid makes an
+ * id for a fixed address when BRAID_STORE_ADDR is set. */
+static ncclResult_t dead_id(ncclUniqueId *id, int *port, int *fd)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(a);
+    *fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (*fd < 0 || bind(*fd, (struct sockaddr *)&a, sizeof(a)) != 0 ||
+        getsockname(*fd, (struct sockaddr *)&a, &len) != 0) {
+        fprintf(stderr, "dead id: socket: %s\n", strerror(errno));
+        return ncclSystemError;
+    }
+    *port = ntohs(a.sin_port);
+    char addr[32];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%d", *port);
+    setenv("BRAID_STORE_ADDR", addr, 1);
+    ncclResult_t r = ncclGetUniqueId(id);
+    unsetenv("BRAID_STORE_ADDR");
+    return r;
+}
+
 static int run(int n)
 {
     ids id;
+    int dead_fd[2] = {-1, -1};
     if (ncclGetUniqueId(&id.main_id) != ncclSuccess || ncclGetUniqueId(&id.scalable[0]) != ncclSuccess ||
-        ncclGetUniqueId(&id.scalable[1]) != ncclSuccess || ncclGetUniqueId(&id.fault_id) != ncclSuccess) {
+        ncclGetUniqueId(&id.scalable[1]) != ncclSuccess || ncclGetUniqueId(&id.fault_id) != ncclSuccess ||
+        ncclGetUniqueId(&id.fresh[0]) != ncclSuccess || ncclGetUniqueId(&id.fresh[1]) != ncclSuccess ||
+        ncclGetUniqueId(&id.fresh[2]) != ncclSuccess || dead_id(&id.dead[0], &id.dead_port[0], &dead_fd[0]) ||
+        dead_id(&id.dead[1], &id.dead_port[1], &dead_fd[1])) {
         fprintf(stderr, "ncclGetUniqueId: %s\n", ncclGetLastError(NULL));
         return 1;
     }
@@ -613,6 +792,8 @@ static int run(int n)
             failed = 1;
         }
     }
+    close(dead_fd[0]);
+    close(dead_fd[1]);
     printf("%d rank%s: %s\n", n, n == 1 ? "" : "s", failed ? "FAILED" : "ok");
     return failed;
 }

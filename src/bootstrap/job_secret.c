@@ -252,10 +252,7 @@ braid_status braid__job_secret_env(int rank, braid_rendezvous *rv)
         }
     }
     /* The cause without its status name, to quote. */
-    const char *cause = braid_last_error(), *sep = strstr(cause, ": ");
-    if (strncmp(cause, "BRAID_", 6) == 0 && sep)
-        cause = sep + 2;
-    snprintf(why, sizeof(why), "%s", cause);
+    snprintf(why, sizeof(why), "%s", braid__error_detail());
     /* No key: a secret from public values still keeps strays and stale jobs
      * out, but not another user (docs/RELIABILITY.md). */
     BRAID_WARN("rank %d: the job secret derives from public values only (MASTER_ADDR, port, launcher job id): "

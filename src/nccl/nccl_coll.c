@@ -125,6 +125,7 @@ static ncclResult_t run(ncclComm_t comm, nccl_op *op, ncclDataType_t datatype, n
 NCCL_API ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
                                     ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream)
 {
+    NCCL_ON_COMM(comm);
     nccl_op o = {.kind = NCCL_OP_ALLREDUCE, .call = "ncclAllReduce", .send = sendbuff, .recv = recvbuff,
                  .count = count, .root = -1, .stream = stream};
     return run(comm, &o, datatype, op, 1);
@@ -133,6 +134,7 @@ NCCL_API ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t
 NCCL_API ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
                                  ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream)
 {
+    NCCL_ON_COMM(comm);
     nccl_op o = {.kind = NCCL_OP_REDUCE, .call = "ncclReduce", .send = sendbuff, .recv = recvbuff, .count = count,
                  .root = root, .stream = stream};
     return run(comm, &o, datatype, op, 1);
@@ -141,6 +143,7 @@ NCCL_API ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t co
 NCCL_API ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount, ncclDataType_t datatype,
                                         ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream)
 {
+    NCCL_ON_COMM(comm);
     nccl_op o = {.kind = NCCL_OP_REDUCE_SCATTER, .call = "ncclReduceScatter", .send = sendbuff, .recv = recvbuff,
                  .count = recvcount, .root = -1, .stream = stream};
     return run(comm, &o, datatype, op, 1);
@@ -149,6 +152,7 @@ NCCL_API ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, si
 NCCL_API ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t datatype,
                                     ncclComm_t comm, cudaStream_t stream)
 {
+    NCCL_ON_COMM(comm);
     nccl_op o = {.kind = NCCL_OP_ALLGATHER, .call = "ncclAllGather", .send = sendbuff, .recv = recvbuff,
                  .count = sendcount, .root = -1, .stream = stream};
     return run(comm, &o, datatype, ncclSum, 0);
@@ -157,6 +161,7 @@ NCCL_API ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t
 NCCL_API ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
                                     int root, ncclComm_t comm, cudaStream_t stream)
 {
+    NCCL_ON_COMM(comm);
     nccl_op o = {.kind = NCCL_OP_BROADCAST, .call = "ncclBroadcast", .send = sendbuff, .recv = recvbuff,
                  .count = count, .root = root, .stream = stream};
     return run(comm, &o, datatype, ncclSum, 0);
@@ -165,6 +170,7 @@ NCCL_API ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t
 NCCL_API ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
                                    ncclComm_t comm, cudaStream_t stream)
 {
+    NCCL_ON_COMM(comm);
     nccl_op o = {.kind = NCCL_OP_ALLTOALL, .call = "ncclAlltoAll", .send = sendbuff, .recv = recvbuff,
                  .count = count, .root = -1, .stream = stream};
     return run(comm, &o, datatype, ncclSum, 0);
@@ -173,6 +179,7 @@ NCCL_API ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t 
 NCCL_API ncclResult_t ncclGather(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root,
                                  ncclComm_t comm, cudaStream_t stream)
 {
+    NCCL_ON_COMM(comm);
     nccl_op o = {.kind = NCCL_OP_GATHER, .call = "ncclGather", .send = sendbuff, .recv = recvbuff, .count = count,
                  .root = root, .stream = stream};
     return run(comm, &o, datatype, ncclSum, 0);
@@ -181,6 +188,7 @@ NCCL_API ncclResult_t ncclGather(const void *sendbuff, void *recvbuff, size_t co
 NCCL_API ncclResult_t ncclScatter(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root,
                                   ncclComm_t comm, cudaStream_t stream)
 {
+    NCCL_ON_COMM(comm);
     nccl_op o = {.kind = NCCL_OP_SCATTER, .call = "ncclScatter", .send = sendbuff, .recv = recvbuff, .count = count,
                  .root = root, .stream = stream};
     return run(comm, &o, datatype, ncclSum, 0);
@@ -189,6 +197,7 @@ NCCL_API ncclResult_t ncclScatter(const void *sendbuff, void *recvbuff, size_t c
 NCCL_API ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                                cudaStream_t stream)
 {
+    NCCL_ON_COMM(comm);
     nccl_op o = {.kind = NCCL_OP_SEND, .call = "ncclSend", .send = sendbuff, .count = count, .root = peer,
                  .stream = stream};
     return run(comm, &o, datatype, ncclSum, 0);
@@ -197,6 +206,7 @@ NCCL_API ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_
 NCCL_API ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
                                cudaStream_t stream)
 {
+    NCCL_ON_COMM(comm);
     nccl_op o = {.kind = NCCL_OP_RECV, .call = "ncclRecv", .recv = recvbuff, .count = count, .root = peer,
                  .stream = stream};
     return run(comm, &o, datatype, ncclSum, 0);
@@ -205,5 +215,6 @@ NCCL_API ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t data
 NCCL_API ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
                                 cudaStream_t stream)
 {
+    NCCL_ON_COMM(comm);
     return ncclBroadcast(buff, buff, count, datatype, root, comm, stream);
 }

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "log.h"
 #include "nccl_internal.h"
 
 _Static_assert(sizeof(ncclUniqueId) == sizeof(braid_unique_id_t), "ncclUniqueId carries a braid unique id");
@@ -37,6 +38,7 @@ NCCL_API ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId)
 static void comm_free(ncclComm_t comm)
 {
     pthread_mutex_destroy(&comm->mu);
+    free(comm->ids);
     free(comm->redops);
     free(comm);
 }
@@ -70,16 +72,27 @@ static void set_label(ncclComm_t comm)
 ncclResult_t nccl__comm_init_run(ncclComm_t comm)
 {
     braid_pg *pg;
+    int chosen = 0;
+    if (comm->ids) {
+        comm->init_result = nccl__scalable_pick(comm, &chosen);
+        if (comm->init_result != ncclSuccess) {
+            snprintf(comm->init_error, sizeof(comm->init_error), "%s", ncclGetLastError(NULL));
+            return comm->init_result;
+        }
+        comm->id = comm->ids[chosen];
+    }
     braid_status st = braid_pg_init(&pg, comm->rank, comm->nranks, (const braid_unique_id_t *)&comm->id, &comm->cfg);
     if (st != BRAID_OK) {
         char call[200];
-        snprintf(call, sizeof(call), "ncclCommInitRank: %s", comm->label);
+        snprintf(call, sizeof(call), "%s: %s", comm->ids ? "ncclCommInitRankScalable" : "ncclCommInitRank",
+                 comm->label);
         comm->init_result = nccl__from_braid(st, call);
         snprintf(comm->init_error, sizeof(comm->init_error), "%s", ncclGetLastError(NULL));
         return comm->init_result;
     }
     comm->pg = pg;
     comm->init_result = ncclSuccess;
+    BRAID_INFO("%s: communicator created", comm->label);
     return ncclSuccess;
 }
 
@@ -165,8 +178,8 @@ ncclResult_t nccl__comm_init_run_all(ncclComm_t *comms, int n)
     return ncclSuccess;
 }
 
-static ncclResult_t comm_init(ncclComm_t *out, int nranks, const ncclUniqueId *id, int rank, const ncclConfig_t *config,
-                              const struct ncclComm *inherit, const char *call)
+static ncclResult_t comm_init(ncclComm_t *out, int nranks, const ncclUniqueId *id, int nids, int rank,
+                              const ncclConfig_t *config, const struct ncclComm *inherit, const char *call)
 {
     if (!out)
         return nccl__fail(ncclInvalidArgument, "%s: comm is NULL", call);
@@ -180,6 +193,15 @@ static ncclResult_t comm_init(ncclComm_t *out, int nranks, const ncclUniqueId *i
     comm->nranks = nranks;
     comm->cuda_dev = nccl__current_device();
     comm->id = *id;
+    if (nids > 0) { /* ncclCommInitRankScalable */
+        comm->ids = malloc((size_t)nids * sizeof(*id));
+        if (!comm->ids) {
+            comm_free(comm);
+            return nccl__fail(ncclSystemError, "%s: out of memory for %d unique ids", call, nids);
+        }
+        memcpy(comm->ids, id, (size_t)nids * sizeof(*id));
+        comm->nids = nids;
+    }
     ncclResult_t r = apply_config(comm, config, call);
     if (r == ncclSuccess && !config && inherit) {
         comm->cfg = inherit->cfg;
@@ -230,12 +252,12 @@ static ncclResult_t comm_init(ncclComm_t *out, int nranks, const ncclUniqueId *i
 NCCL_API ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
                                              ncclConfig_t *config)
 {
-    return comm_init(comm, nranks, &commId, rank, config, NULL, "ncclCommInitRankConfig");
+    return comm_init(comm, nranks, &commId, 0, rank, config, NULL, "ncclCommInitRankConfig");
 }
 
 NCCL_API ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank)
 {
-    return comm_init(comm, nranks, &commId, rank, NULL, NULL, "ncclCommInitRank");
+    return comm_init(comm, nranks, &commId, 0, rank, NULL, NULL, "ncclCommInitRank");
 }
 
 ncclResult_t nccl__comm_from_pg(braid_pg *pg, ncclComm_t parent, const ncclConfig_t *config, ncclComm_t *out,
@@ -267,8 +289,7 @@ ncclResult_t nccl__comm_from_pg(braid_pg *pg, ncclComm_t parent, const ncclConfi
 }
 
 /* NCCL spreads its bootstrap over several roots; braid has one store, so
- * every rank meets at the first id. Rank 0 made it (NCCL programs, and
- * torch, have rank 0 make id 0), so its store runs in rank 0's process. */
+ * the ranks meet at the first id whose store runs (nccl_scalable.c). */
 NCCL_API ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm, int nranks, int myrank, int nId,
                                                ncclUniqueId *commIds, ncclConfig_t *config)
 {
@@ -277,7 +298,7 @@ NCCL_API ncclResult_t ncclCommInitRankScalable(ncclComm_t *newcomm, int nranks, 
         return nccl__fail(ncclInvalidArgument, "%s: nId %d out of range [1, nranks %d]", call, nId, nranks);
     if (!commIds)
         return nccl__fail(ncclInvalidArgument, "%s: commIds is NULL", call);
-    return comm_init(newcomm, nranks, &commIds[0], myrank, config, NULL, call);
+    return comm_init(newcomm, nranks, commIds, nId, myrank, config, NULL, call);
 }
 
 NCCL_API ncclResult_t ncclCommInitAll(ncclComm_t *comm, int ndev, const int *devlist)
@@ -326,6 +347,7 @@ ncclResult_t nccl__comm_check(ncclComm_t comm, const char *call)
 
 NCCL_API ncclResult_t ncclCommFinalize(ncclComm_t comm)
 {
+    NCCL_ON_COMM(comm);
     ncclResult_t r = nccl__comm_check(comm, "ncclCommFinalize");
     if (r != ncclSuccess)
         return r;
@@ -408,16 +430,19 @@ static ncclResult_t comm_release(ncclComm_t comm, int abort, const char *call)
 
 NCCL_API ncclResult_t ncclCommDestroy(ncclComm_t comm)
 {
+    NCCL_ON_COMM(comm);
     return comm_release(comm, 0, "ncclCommDestroy");
 }
 
 NCCL_API ncclResult_t ncclCommAbort(ncclComm_t comm)
 {
+    NCCL_ON_COMM(comm);
     return comm_release(comm, 1, "ncclCommAbort");
 }
 
 NCCL_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError)
 {
+    NCCL_ON_COMM(comm);
     if (!comm || !asyncError)
         return nccl__fail(ncclInvalidArgument, "ncclCommGetAsyncError: %s is NULL", !comm ? "comm" : "asyncError");
     /* Nonblocking init or call still running: ncclInProgress, as NCCL. */
@@ -449,6 +474,7 @@ NCCL_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async
 
 NCCL_API ncclResult_t ncclCommCount(const ncclComm_t comm, int *count)
 {
+    NCCL_ON_COMM(comm);
     if (!comm || !count)
         return nccl__fail(ncclInvalidArgument, "ncclCommCount: %s is NULL", !comm ? "comm" : "count");
     *count = comm->nranks;
@@ -457,6 +483,7 @@ NCCL_API ncclResult_t ncclCommCount(const ncclComm_t comm, int *count)
 
 NCCL_API ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int *device)
 {
+    NCCL_ON_COMM(comm);
     if (!comm || !device)
         return nccl__fail(ncclInvalidArgument, "ncclCommCuDevice: %s is NULL", !comm ? "comm" : "device");
     *device = comm->cuda_dev;
@@ -465,6 +492,7 @@ NCCL_API ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int *device)
 
 NCCL_API ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank)
 {
+    NCCL_ON_COMM(comm);
     if (!comm || !rank)
         return nccl__fail(ncclInvalidArgument, "ncclCommUserRank: %s is NULL", !comm ? "comm" : "rank");
     *rank = comm->rank;
@@ -481,6 +509,7 @@ typedef struct {
 
 NCCL_API ncclResult_t ncclCommRegister(const ncclComm_t comm, void *buff, size_t size, void **handle)
 {
+    NCCL_ON_COMM(comm);
     ncclResult_t r = nccl__comm_check(comm, "ncclCommRegister");
     if (r != ncclSuccess)
         return r;
@@ -496,6 +525,7 @@ NCCL_API ncclResult_t ncclCommRegister(const ncclComm_t comm, void *buff, size_t
 
 NCCL_API ncclResult_t ncclCommDeregister(const ncclComm_t comm, void *handle)
 {
+    NCCL_ON_COMM(comm);
     nccl_reg *reg = handle;
     if (!reg || reg->comm != comm)
         return nccl__fail(ncclInvalidArgument, "ncclCommDeregister: handle was not registered on this communicator");
@@ -577,7 +607,7 @@ static ncclResult_t comm_split(ncclComm_t comm, int color, int key, ncclComm_t *
         r = nccl__from_braid(st, call);
         goto out_free;
     }
-    r = comm_init(newcomm, size, &id, newrank, config, comm, call);
+    r = comm_init(newcomm, size, &id, 0, newrank, config, comm, call);
     if (r == ncclSuccess)
         (*newcomm)->cuda_dev = comm->cuda_dev;
 
@@ -589,6 +619,7 @@ out_free:
 
 NCCL_API ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config)
 {
+    NCCL_ON_COMM(comm);
     ncclResult_t r = nccl__comm_enter(comm, "ncclCommSplit");
     if (r != ncclSuccess)
         return r;

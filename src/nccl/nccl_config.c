@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "nccl_internal.h"
+#include "param.h"
 
 #define CONFIG_MAGIC 0xcafebeefu
 #define NCCL_MAX_CHANNELS 64 /* NCCL's MAXCHANNELS: the bound of nChannelsPerNetPeer */
@@ -122,6 +123,11 @@ ncclResult_t nccl__config_read(const ncclConfig_t *config, nccl_comm_config *out
         memcpy(out->net, strcmp(net, "IB") == 0 ? "verbs" : "tcp", strcmp(net, "IB") == 0 ? 6 : 4);
     if (c.blocking == 0)
         out->blocking = 0;
+    /* NCCL_COMM_BLOCKING overrides the struct both ways once it passed its
+     * checks, as NCCL's envConfigOverride does; other values are ignored. */
+    long long env = braid__param_int("NCCL_COMM_BLOCKING", -1);
+    if (env == 0 || env == 1)
+        out->blocking = (int)env;
     if (c.commName) {
         size_t n = strnlen(c.commName, sizeof(out->name) - 1);
         memcpy(out->name, c.commName, n);

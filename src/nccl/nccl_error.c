@@ -8,9 +8,27 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "nccl_internal.h"
+#include "status.h"
 
 static _Thread_local char last_error[1024];
+static _Thread_local nccl_scope *scope; /* innermost call on a communicator */
+
+void nccl__scope_enter(nccl_scope *s, const struct ncclComm *comm)
+{
+    s->prev = scope;
+    s->name[0] = '\0';
+    /* A copy: the call may free comm (ncclCommDestroy) and fail after. */
+    if (comm)
+        snprintf(s->name, sizeof(s->name), "%s", comm->conf.name);
+    scope = s;
+}
+
+void nccl__scope_leave(nccl_scope *s)
+{
+    scope = s->prev;
+}
 
 /* NCCL_DEBUG asks for warnings: -1 until read (ncclResetDebugInit). */
 static atomic_int warn_cached = -1;
@@ -28,7 +46,18 @@ static int warn_enabled(void)
 
 static void set_text(const char *text)
 {
-    snprintf(last_error, sizeof(last_error), "%s", text);
+    /* Name the communicator unless the text already does (its label). */
+    if (scope && scope->name[0] && !strstr(text, scope->name)) {
+        /* a long text is cut, never the name */
+        size_t room = sizeof(last_error) - strlen(scope->name) - sizeof(" (comm \"\")");
+        size_t n = strnlen(text, room);
+        memcpy(last_error, text, n);
+        snprintf(last_error + n, sizeof(last_error) - n, " (comm \"%s\")", scope->name);
+    } else {
+        snprintf(last_error, sizeof(last_error), "%s", text);
+    }
+    text = last_error;
+    BRAID_INFO("nccl: %s", text);
     if (warn_enabled()) {
         char host[64] = "?";
         gethostname(host, sizeof(host));
@@ -84,7 +113,9 @@ ncclResult_t nccl__from_braid(braid_status st, const char *call)
 {
     if (st == BRAID_OK)
         return ncclSuccess;
-    return nccl__fail(nccl__result_of(st), "%s: %s: %s", call, braid_status_string(st), braid_last_error());
+    /* braid's text starts with the status name already: quoted once. */
+    return nccl__fail(nccl__result_of(st), "%s: %s: %s", call, braid_status_string(st),
+                      braid__status_strip(braid_last_error()));
 }
 
 NCCL_API const char *ncclGetErrorString(ncclResult_t result)

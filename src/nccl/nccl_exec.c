@@ -139,6 +139,7 @@ static void free_scratch(nccl_op *ops, int n)
 
 ncclResult_t nccl__exec_start(ncclComm_t comm, nccl_op *ops, int n, braid_work **work)
 {
+    NCCL_ON_COMM(comm); /* group ends run here: name the communicator whose call failed */
     if (work)
         *work = NULL;
     if (n <= 0)

@@ -74,6 +74,8 @@ struct ncclComm {
     ncclResult_t init_result; /* ncclInProgress while a deferred init waits for ncclGroupEnd */
     char init_error[512];
     ncclUniqueId id; /* for a deferred init */
+    ncclUniqueId *ids; /* ncclCommInitRankScalable: nids ids to choose from (nccl_scalable.c), else NULL */
+    int nids;
     braid_config cfg;
     char transports[16]; /* cfg.transports points here */
     nccl_comm_config conf;
@@ -110,6 +112,20 @@ struct ncclComm {
 };
 
 /* ---- errors (nccl_error.c) ---- */
+
+/* The communicator a public call is on, for the length of the call: every
+ * failure text set meanwhile carries its commName (config.commName), so
+ * that a program with several communicators can tell whose call failed.
+ * Scopes nest (a call made from another restores the outer one). */
+typedef struct nccl_scope {
+    struct nccl_scope *prev;
+    char name[128]; /* commName, "" when none */
+} nccl_scope;
+void nccl__scope_enter(nccl_scope *s, const struct ncclComm *comm);
+void nccl__scope_leave(nccl_scope *s);
+#define NCCL_ON_COMM(comm)                                                                                             \
+    nccl_scope nccl__scope_ __attribute__((cleanup(nccl__scope_leave)));                                               \
+    nccl__scope_enter(&nccl__scope_, (comm))
 
 /* Set this thread's ncclGetLastError text, print it when NCCL_DEBUG asks
  * for warnings, and return code. */
@@ -151,6 +167,11 @@ void nccl__comm_leave(ncclComm_t comm);
  * config, or parent's when NULL (ncclCommShrink). */
 ncclResult_t nccl__comm_from_pg(braid_pg *pg, ncclComm_t parent, const ncclConfig_t *config, ncclComm_t *out,
                                 const char *call);
+
+/* ncclCommInitRankScalable: the index of comm->ids the ranks meet at
+ * (nccl_scalable.c); ncclRemoteError (text names each id and why) when
+ * none can be used. */
+ncclResult_t nccl__scalable_pick(ncclComm_t comm, int *chosen);
 
 /* Run a deferred init now (group end); returns its result. */
 ncclResult_t nccl__comm_init_run(ncclComm_t comm);

@@ -178,6 +178,7 @@ void nccl__premul_scale(const nccl_premul *pm, braid_dtype t, void *dst, const v
 NCCL_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataType_t datatype,
                                                ncclScalarResidence_t residence, ncclComm_t comm)
 {
+    NCCL_ON_COMM(comm);
     const char *call = "ncclRedOpCreatePreMulSum";
     ncclResult_t r = nccl__comm_check(comm, call);
     if (r != ncclSuccess)
@@ -218,6 +219,7 @@ NCCL_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, nc
 
 NCCL_API ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm)
 {
+    NCCL_ON_COMM(comm);
     const char *call = "ncclRedOpDestroy";
     ncclResult_t r = nccl__comm_check(comm, call);
     if (r != ncclSuccess)

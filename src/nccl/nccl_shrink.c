@@ -16,6 +16,7 @@
 
 NCCL_API ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags)
 {
+    NCCL_ON_COMM(comm);
     const char *call = "ncclCommRevoke";
     if (!comm)
         return nccl__fail(ncclInvalidArgument, "%s: comm is NULL", call);
@@ -122,6 +123,7 @@ static ncclResult_t shrink(ncclComm_t comm, int *exclude, int count, ncclComm_t 
 NCCL_API ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeRanksCount, ncclComm_t *newcomm,
                                      ncclConfig_t *config, int shrinkFlags)
 {
+    NCCL_ON_COMM(comm);
     ncclResult_t r = nccl__comm_enter(comm, "ncclCommShrink");
     if (r != ncclSuccess)
         return r;

@@ -20,6 +20,7 @@ static ncclResult_t unsupported(ncclComm_t comm, const char *call)
 
 NCCL_API ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void *buff, size_t size, ncclWindow_t *win, int winFlags)
 {
+    NCCL_ON_COMM(comm);
     (void)buff;
     (void)size;
     (void)winFlags;
@@ -30,6 +31,7 @@ NCCL_API ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void *buff, size_t
 
 NCCL_API ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win)
 {
+    NCCL_ON_COMM(comm);
     (void)win;
     return unsupported(comm, "ncclCommWindowDeregister");
 }
@@ -37,6 +39,7 @@ NCCL_API ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, ncclWindow_t win
 NCCL_API ncclResult_t ncclDevCommCreate(ncclComm_t comm, const struct ncclDevCommRequirements *reqs,
                                         struct ncclDevComm *outDevComm)
 {
+    NCCL_ON_COMM(comm);
     (void)reqs;
     (void)outDevComm;
     return unsupported(comm, "ncclDevCommCreate");
@@ -44,6 +47,7 @@ NCCL_API ncclResult_t ncclDevCommCreate(ncclComm_t comm, const struct ncclDevCom
 
 NCCL_API ncclResult_t ncclDevCommDestroy(ncclComm_t comm, const struct ncclDevComm *devComm)
 {
+    NCCL_ON_COMM(comm);
     (void)devComm;
     return unsupported(comm, "ncclDevCommDestroy");
 }
