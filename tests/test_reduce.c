@@ -209,7 +209,7 @@ static __int128 ref_int_op(braid_op op, __int128 a, __int128 b, int bits, int is
 
 static size_t dsize(braid_dtype t)
 {
-    static const size_t sizes[BRAID_DTYPE_COUNT] = {4, 8, 2, 2, 1, 1, 4, 8};
+    static const size_t sizes[BRAID_DTYPE_COUNT] = {4, 8, 2, 2, 1, 1, 4, 8, 4, 8};
     return sizes[t];
 }
 
