@@ -10,8 +10,8 @@
 
 #include "braid.h"
 
-#define BENCH_MAX_TYPES 8
-#define BENCH_MAX_OPS 5
+#define BENCH_MAX_TYPES 10
+#define BENCH_MAX_OPS 6
 
 typedef enum { BENCH_ALLREDUCE = 1, BENCH_BROADCAST } bench_coll;
 
@@ -82,6 +82,9 @@ int bench_type_from_name(const char *name, braid_dtype *dtype);
 int bench_op_from_name(const char *name, braid_op *op);
 int bench_type_is_float(braid_dtype dtype);
 int bench_type_is_signed(braid_dtype dtype);
+
+/* The scalar rank multiplies its input by for mulsum (nccl-tests'). */
+int bench_premul_scalar(int rank);
 /* Store value (already exact or to be rounded to nearest even) as dtype.
  * Integer types wrap modulo 2^bits. */
 void bench_encode(braid_dtype dtype, double value, void *dst);

@@ -14,10 +14,12 @@
 static const char *const type_names[BRAID_DTYPE_COUNT] = {
     [BRAID_F32] = "float", [BRAID_F64] = "double", [BRAID_F16] = "half",  [BRAID_BF16] = "bfloat16",
     [BRAID_I8] = "int8",   [BRAID_U8] = "uint8",   [BRAID_I32] = "int32", [BRAID_I64] = "int64",
+    [BRAID_U32] = "uint32", [BRAID_U64] = "uint64",
 };
 
 static const char *const op_names[BRAID_OP_COUNT] = {
     [BRAID_SUM] = "sum", [BRAID_PROD] = "prod", [BRAID_MIN] = "min", [BRAID_MAX] = "max", [BRAID_AVG] = "avg",
+    [BRAID_MULSUM] = "mulsum",
 };
 
 /* Spellings people type besides nccl-tests' own. */
@@ -29,6 +31,7 @@ static const struct {
     {"fp64", BRAID_F64}, {"float64", BRAID_F64}, {"f16", BRAID_F16},   {"fp16", BRAID_F16},
     {"float16", BRAID_F16}, {"bf16", BRAID_BF16}, {"i8", BRAID_I8},    {"u8", BRAID_U8},
     {"i32", BRAID_I32},  {"int", BRAID_I32},   {"i64", BRAID_I64},     {"char", BRAID_I8},
+    {"u32", BRAID_U32},  {"u64", BRAID_U64},
 };
 
 const char *bench_type_name(braid_dtype dtype)
@@ -76,7 +79,7 @@ int bench_type_is_float(braid_dtype dtype)
 
 int bench_type_is_signed(braid_dtype dtype)
 {
-    return dtype != BRAID_U8;
+    return dtype != BRAID_U8 && dtype != BRAID_U32 && dtype != BRAID_U64;
 }
 
 static uint16_t f32_to_f16(float f)
@@ -198,12 +201,14 @@ void bench_encode(braid_dtype dtype, double value, void *dst)
         memcpy(dst, &v, sizeof(v));
         break;
     }
-    case BRAID_I32: {
+    case BRAID_I32:
+    case BRAID_U32: {
         uint32_t v = (uint32_t)to_u64_wrap(value);
         memcpy(dst, &v, sizeof(v));
         break;
     }
-    case BRAID_I64: {
+    case BRAID_I64:
+    case BRAID_U64: {
         uint64_t v = to_u64_wrap(value);
         memcpy(dst, &v, sizeof(v));
         break;
@@ -222,12 +227,14 @@ void bench_encode_bits(braid_dtype dtype, uint64_t bits, void *dst)
         memcpy(dst, &v, sizeof(v));
         break;
     }
-    case BRAID_I32: {
+    case BRAID_I32:
+    case BRAID_U32: {
         uint32_t v = (uint32_t)bits;
         memcpy(dst, &v, sizeof(v));
         break;
     }
     case BRAID_I64:
+    case BRAID_U64:
         memcpy(dst, &bits, sizeof(bits));
         break;
     default:
@@ -275,6 +282,16 @@ double bench_decode(braid_dtype dtype, const void *src)
     }
     case BRAID_I64: {
         int64_t v;
+        memcpy(&v, src, sizeof(v));
+        return (double)v;
+    }
+    case BRAID_U32: {
+        uint32_t v;
+        memcpy(&v, src, sizeof(v));
+        return v;
+    }
+    case BRAID_U64: {
+        uint64_t v;
         memcpy(&v, src, sizeof(v));
         return (double)v;
     }

@@ -87,7 +87,11 @@ static int coll_issue(run_ctx *c, size_t count, braid_dtype dtype, braid_op op, 
     void *recv;
     braid_status st;
     coll_buffers(c, in_place, &send, &recv);
-    if (c->o->coll == BENCH_ALLREDUCE)
+    if (c->o->coll == BENCH_ALLREDUCE && op == BRAID_MULSUM) {
+        unsigned char scalar[8];
+        bench_encode(dtype, bench_premul_scalar(c->rank), scalar);
+        st = braid_allreduce_mulsum(c->pg, send, recv, count, dtype, scalar, NULL, work);
+    } else if (c->o->coll == BENCH_ALLREDUCE)
         st = braid_allreduce(c->pg, send, recv, count, dtype, op, NULL, work);
     else
         st = braid_broadcast(c->pg, recv, count, dtype, c->o->root, NULL, work);

@@ -5,7 +5,9 @@
  * element type whatever order the algorithm adds them in: small integers
  * whose partial sums stay below the type's exact-integer limit, products of
  * at most a few 2s and -1s, and for avg a pattern whose sum is a multiple of
- * the group size. Results can then be compared for equality, so a single
+ * the group size, and for mulsum (whose per-rank scalar is nccl-tests':
+ * 1 on even ranks, 2 on odd ones) sum values small enough that the doubled
+ * ones stay exact. Results can then be compared for equality, so a single
  * misplaced chunk or a missing rank shows up in #wrong.
  *
  * Values repeat with a prime period, so the expected result is a table of
@@ -58,6 +60,11 @@ static long long exact_limit(braid_dtype dtype)
     }
 }
 
+int bench_premul_scalar(int rank)
+{
+    return rank % 2 == 0 ? 1 : 2; /* nccl-tests' ncclVerifiablePremulScalar */
+}
+
 static long long clampll(long long v, long long lo, long long hi)
 {
     return v < lo ? lo : (v > hi ? hi : v);
@@ -70,9 +77,10 @@ static long long allreduce_value(braid_dtype dtype, braid_op op, int r, int n, u
     long long lim = exact_limit(dtype);
     uint32_t h = mix(j, (uint32_t)r, seed);
     switch (op) {
-    case BRAID_SUM: {
-        /* |partial sums| <= n * b <= lim */
-        long long b = clampll(lim / n, 1, 4);
+    case BRAID_SUM:
+    case BRAID_MULSUM: {
+        /* |partial sums| <= n * b <= lim (mulsum: each term at most doubled) */
+        long long b = clampll(lim / n / (op == BRAID_MULSUM ? 2 : 1), 1, 4);
         long long v = (long long)(h % (uint32_t)(2 * b + 1));
         return sgn ? v - b : v;
     }
@@ -128,6 +136,8 @@ static int64_t wrap_int(braid_dtype dtype, uint64_t bits)
         return (uint8_t)bits;
     case BRAID_I32:
         return (int32_t)(uint32_t)bits;
+    case BRAID_U32:
+        return (uint32_t)bits;
     default:
         return (int64_t)bits;
     }
@@ -137,11 +147,13 @@ static int64_t wrap_int(braid_dtype dtype, uint64_t bits)
  * order, AVG divides the wrapped sum (truncating, as braid.h specifies). */
 static uint64_t expected_int(braid_dtype dtype, braid_op op, const long long *vals, int n)
 {
-    uint64_t acc = (uint64_t)vals[0];
+    uint64_t acc = op == BRAID_MULSUM ? (uint64_t)vals[0] * (uint64_t)bench_premul_scalar(0) : (uint64_t)vals[0];
     long long mn = vals[0], mx = vals[0];
     for (int r = 1; r < n; r++) {
         if (op == BRAID_PROD)
             acc *= (uint64_t)vals[r];
+        else if (op == BRAID_MULSUM)
+            acc += (uint64_t)vals[r] * (uint64_t)bench_premul_scalar(r);
         else
             acc += (uint64_t)vals[r];
         mn = vals[r] < mn ? vals[r] : mn;
@@ -153,6 +165,8 @@ static uint64_t expected_int(braid_dtype dtype, braid_op op, const long long *va
     case BRAID_MAX:
         return (uint64_t)mx;
     case BRAID_AVG:
+        if (dtype == BRAID_U64)
+            return acc / (uint64_t)n;
         return (uint64_t)(wrap_int(dtype, acc) / n);
     default:
         return acc;
@@ -162,9 +176,14 @@ static uint64_t expected_int(braid_dtype dtype, braid_op op, const long long *va
 static double expected_float(braid_op op, const long long *vals, int n)
 {
     double acc = (double)vals[0], mn = acc, mx = acc;
+    if (op == BRAID_MULSUM)
+        acc *= bench_premul_scalar(0);
     for (int r = 1; r < n; r++) {
         double v = (double)vals[r];
-        acc = op == BRAID_PROD ? acc * v : acc + v;
+        if (op == BRAID_MULSUM)
+            acc += v * bench_premul_scalar(r);
+        else
+            acc = op == BRAID_PROD ? acc * v : acc + v;
         mn = v < mn ? v : mn;
         mx = v > mx ? v : mx;
     }

@@ -136,6 +136,7 @@ GEN_CAST_OP(PROD, prod, cprod)
 GEN_CAST_OP(MIN, min, cmin)
 GEN_CAST_OP(MAX, max, cmax)
 GEN_CAST_OP(AVG, avg, csum)
+GEN_CAST_OP(MULSUM, mulsum, csum)
 #undef GEN_CAST_OP
 #undef GEN_CAST
 
@@ -180,6 +181,7 @@ struct kernel_tables {
         CAST_ENTRY_OP(MIN, min)
         CAST_ENTRY_OP(MAX, max)
         CAST_ENTRY_OP(AVG, avg)
+        CAST_ENTRY_OP(MULSUM, mulsum)
 #undef CAST_ENTRY_OP
 #undef CAST_ENTRY
 #define PREMUL_ENTRY(ENUM, name, T, C) premul[BRAID_##ENUM] = k_premul_##name;
@@ -190,12 +192,13 @@ struct kernel_tables {
 
 const kernel_tables tables;
 
-const char *const dtype_names[BRAID_DTYPE_COUNT] = {"f32", "f64", "f16", "bf16", "i8", "u8", "i32", "i64"};
-const char *const op_names[BRAID_OP_COUNT] = {"sum", "prod", "min", "max", "avg"};
+const char *const dtype_names[BRAID_DTYPE_COUNT] = {"f32", "f64", "f16", "bf16", "i8",
+                                                    "u8",  "i32", "i64", "u32",  "u64"};
+const char *const op_names[BRAID_OP_COUNT] = {"sum", "prod", "min", "max", "avg", "mulsum"};
 
 size_t dtype_bytes(braid_dtype t)
 {
-    static const size_t sizes[BRAID_DTYPE_COUNT] = {4, 8, 2, 2, 1, 1, 4, 8};
+    static const size_t sizes[BRAID_DTYPE_COUNT] = {4, 8, 2, 2, 1, 1, 4, 8, 4, 8};
     return sizes[t];
 }
 

@@ -53,17 +53,23 @@ typedef enum {
     BRAID_U8,
     BRAID_I32,
     BRAID_I64,
+    BRAID_U32,
+    BRAID_U64,
     BRAID_DTYPE_COUNT
 } braid_dtype;
 
 /** Reduction operators. AVG is SUM divided by the group size (integer
- *  types: truncating division). */
+ *  types: truncating division). MULSUM is a sum of each rank's input
+ *  multiplied by that rank's scalar (NCCL's ncclRedOpCreatePreMulSum): it
+ *  takes the scalar, so only the *_mulsum calls accept it; the plain calls
+ *  refuse it with BRAID_ERR_INVALID_ARG. */
 typedef enum {
     BRAID_SUM = 0,
     BRAID_PROD,
     BRAID_MIN,
     BRAID_MAX,
     BRAID_AVG,
+    BRAID_MULSUM,
     BRAID_OP_COUNT
 } braid_op;
 
@@ -283,6 +289,30 @@ BRAID_API void braid_work_free(braid_work *work);
  *  divides by the group size once, in the root's final combine. */
 BRAID_API braid_status braid_reduce(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
                                     braid_op op, int root, void *cuda_stream, braid_work **work);
+
+/* ---- pre-multiplied sum (NCCL's PreMulSum) ---------------------------- */
+/* As braid_allreduce, braid_reduce and braid_reduce_scatter with op SUM,
+ * except that each rank's input is first multiplied by *scalar, one
+ * element of dtype read at the call (each rank may pass its own value).
+ * Integers: exact, wrapping modulo 2^bits. f32/f64: each product rounded
+ * once, then summed as SUM does. f16/bf16: the product is computed in f32
+ * (exact) and rounded once to the dtype, then summed as SUM does. Ranks
+ * must all call the same *_mulsum function (a plain SUM on another rank
+ * is BRAID_ERR_MISMATCH). Device memory: braid_allreduce_mulsum only, as
+ * braid_allreduce. The input is scaled into recv (allreduce) or a
+ * temporary copy when the collective runs, so send is never written. */
+
+BRAID_API braid_status braid_allreduce_mulsum(braid_pg *pg, const void *send, void *recv, size_t count,
+                                              braid_dtype dtype, const void *scalar, void *cuda_stream,
+                                              braid_work **work);
+
+BRAID_API braid_status braid_reduce_mulsum(braid_pg *pg, const void *send, void *recv, size_t count,
+                                           braid_dtype dtype, const void *scalar, int root, void *cuda_stream,
+                                           braid_work **work);
+
+BRAID_API braid_status braid_reduce_scatter_mulsum(braid_pg *pg, const void *send, void *recv, size_t recvcount,
+                                                   braid_dtype dtype, const void *scalar, void *cuda_stream,
+                                                   braid_work **work);
 
 /** Gather `sendcount` elements from every rank into recv, which holds
  *  size * sendcount elements in rank order (ring, pipelined, received in

@@ -22,4 +22,31 @@ braid_status braid__check_host(const braid_pg *pg, const char *name, const char 
 /* p is not NULL when count > 0. */
 braid_status braid__check_ptr(const braid_pg *pg, const char *name, const char *what, const void *p, size_t count);
 
+/* op is valid, and MULSUM exactly when a scalar is given (the plain calls
+ * pass NULL, the *_mulsum calls their scalar). */
+braid_status braid__check_op(const braid_pg *pg, const char *name, braid_op op, const void *scalar);
+
+/* The all-reduce entry point behind braid_allreduce and
+ * braid_allreduce_mulsum (pg.c); name is the public call's. */
+braid_status braid__allreduce_submit(braid_pg *pg, const char *name, const void *send, void *recv, size_t count,
+                                     braid_dtype dtype, braid_op op, const void *scalar, void *cuda_stream,
+                                     braid_work **work);
+
+/* braid_reduce and braid_reduce_scatter with an optional MULSUM scalar
+ * (collectives_extra.c). */
+braid_status braid__reduce_submit(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
+                                  braid_op op, const void *scalar, int root, void *cuda_stream, braid_work **work);
+braid_status braid__reduce_scatter_submit(braid_pg *pg, const void *send, void *recv, size_t recvcount,
+                                          braid_dtype dtype, braid_op op, const void *scalar, void *cuda_stream,
+                                          braid_work **work);
+
+struct braid_coll;
+/* Record scalar in c (MULSUM: c->premul = 1); no-op when scalar is NULL. */
+void braid__mulsum_arm(struct braid_coll *c, const void *scalar);
+
+/* Just before a collective's algorithm runs: multiply a MULSUM input by the
+ * scalar (into recv for all-reduce, else into a copy that *scratch returns
+ * for the caller to free after the run) and point coll->send at it. */
+braid_status braid__mulsum_prepare(braid_pg *pg, struct braid_coll *coll, void **scratch);
+
 #endif

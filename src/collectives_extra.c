@@ -46,10 +46,17 @@ braid_status braid__check_host(const braid_pg *pg, const char *name, const char 
     return BRAID_OK;
 }
 
-static braid_status check_op(const braid_pg *pg, const char *name, braid_op op)
+braid_status braid__check_op(const braid_pg *pg, const char *name, braid_op op, const void *scalar)
 {
     if ((unsigned)op >= BRAID_OP_COUNT)
         return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: invalid op %d", pg->rank, name, (int)op);
+    if (op == BRAID_MULSUM && !scalar)
+        return braid__error(BRAID_ERR_INVALID_ARG,
+                            "rank %d: %s: op BRAID_MULSUM needs each rank's scalar: call %s_mulsum instead",
+                            pg->rank, name, name);
+    if (op != BRAID_MULSUM && scalar)
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: a scalar only goes with op BRAID_MULSUM", pg->rank,
+                            name);
     return BRAID_OK;
 }
 
@@ -64,8 +71,14 @@ braid_status braid__check_ptr(const braid_pg *pg, const char *name, const char *
 BRAID_API braid_status braid_reduce(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
                                     braid_op op, int root, void *cuda_stream, braid_work **work)
 {
+    return braid__reduce_submit(pg, send, recv, count, dtype, op, NULL, root, cuda_stream, work);
+}
+
+braid_status braid__reduce_submit(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
+                                  braid_op op, const void *scalar, int root, void *cuda_stream, braid_work **work)
+{
     BRAID_CHECK(braid__check_common(pg, "reduce", count, 0, dtype, cuda_stream));
-    BRAID_CHECK(check_op(pg, "reduce", op));
+    BRAID_CHECK(braid__check_op(pg, "reduce", op, scalar));
     if (root < 0 || root >= pg->size)
         return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: reduce: root %d out of range [0, %d)", pg->rank, root,
                             pg->size);
@@ -86,6 +99,7 @@ BRAID_API braid_status braid_reduce(braid_pg *pg, const void *send, void *recv, 
                     .dtype = dtype,
                     .op = op,
                     .root = root};
+    braid__mulsum_arm(&c, scalar);
     return braid__work_submit(pg, &c, work);
 }
 
@@ -116,8 +130,15 @@ BRAID_API braid_status braid_allgather(braid_pg *pg, const void *send, void *rec
 BRAID_API braid_status braid_reduce_scatter(braid_pg *pg, const void *send, void *recv, size_t recvcount,
                                             braid_dtype dtype, braid_op op, void *cuda_stream, braid_work **work)
 {
+    return braid__reduce_scatter_submit(pg, send, recv, recvcount, dtype, op, NULL, cuda_stream, work);
+}
+
+braid_status braid__reduce_scatter_submit(braid_pg *pg, const void *send, void *recv, size_t recvcount,
+                                          braid_dtype dtype, braid_op op, const void *scalar, void *cuda_stream,
+                                          braid_work **work)
+{
     BRAID_CHECK(braid__check_common(pg, "reduce_scatter", recvcount, 1, dtype, cuda_stream));
-    BRAID_CHECK(check_op(pg, "reduce_scatter", op));
+    BRAID_CHECK(braid__check_op(pg, "reduce_scatter", op, scalar));
     BRAID_CHECK(braid__check_ptr(pg, "reduce_scatter", "send", send, recvcount));
     BRAID_CHECK(braid__check_ptr(pg, "reduce_scatter", "recv", recv, recvcount));
     BRAID_CHECK(braid__check_host(pg, "reduce_scatter", "send", send, recvcount));
@@ -135,6 +156,7 @@ BRAID_API braid_status braid_reduce_scatter(braid_pg *pg, const void *send, void
                     .dtype = dtype,
                     .op = op,
                     .root = -1};
+    braid__mulsum_arm(&c, scalar);
     return braid__work_submit(pg, &c, work);
 }
 

@@ -21,6 +21,7 @@
 #include "status.h"
 #include "transport.h"
 #include "hmem.h"
+#include "coll_check.h"
 #include "checksum.h"
 #include "devlink.h"
 
@@ -38,6 +39,7 @@ BRAID_API size_t braid_dtype_size(braid_dtype dtype)
     static const size_t sizes[BRAID_DTYPE_COUNT] = {
         [BRAID_F32] = 4, [BRAID_F64] = 8, [BRAID_F16] = 2, [BRAID_BF16] = 2,
         [BRAID_I8] = 1,  [BRAID_U8] = 1,  [BRAID_I32] = 4, [BRAID_I64] = 8,
+        [BRAID_U32] = 4, [BRAID_U64] = 8,
     };
     return (unsigned)dtype < BRAID_DTYPE_COUNT ? sizes[dtype] : 0;
 }
@@ -703,16 +705,23 @@ static braid_status check_buffer_args(braid_pg *pg, const char *op, const void *
 BRAID_API braid_status braid_allreduce(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
                                        braid_op op, void *cuda_stream, braid_work **work)
 {
-    BRAID_CHECK(check_buffer_args(pg, "allreduce", send, recv, count, dtype));
-    if ((unsigned)op >= BRAID_OP_COUNT)
-        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: allreduce: invalid op %d", pg->rank, (int)op);
+    return braid__allreduce_submit(pg, "allreduce", send, recv, count, dtype, op, NULL, cuda_stream, work);
+}
+
+braid_status braid__allreduce_submit(braid_pg *pg, const char *name, const void *send, void *recv, size_t count,
+                                     braid_dtype dtype, braid_op op, const void *scalar, void *cuda_stream,
+                                     braid_work **work)
+{
+    BRAID_CHECK(check_buffer_args(pg, name, send, recv, count, dtype));
+    BRAID_CHECK(braid__check_op(pg, name, op, scalar));
     size_t bytes = count * braid_dtype_size(dtype);
     if (send != recv && count > 0 &&
         (const char *)send < (const char *)recv + bytes && (const char *)recv < (const char *)send + bytes)
-        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: allreduce: send and recv overlap without being equal",
-                            pg->rank);
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: send and recv overlap without being equal",
+                            pg->rank, name);
     braid_coll c = {.kind = BRAID_COLL_ALLREDUCE, .send = send, .recv = recv, .count = count, .dtype = dtype,
                     .op = op, .root = -1};
+    braid__mulsum_arm(&c, scalar);
     return braid__hmem_submit(pg, &c, cuda_stream, work); /* host memory: braid__work_submit */
 }
 

@@ -36,6 +36,8 @@ typedef struct braid_coll {
     struct braid_coll *ops; /* GROUP: the recorded calls; the job owns them */
     int nops;
     struct braid_hmem_job *hmem; /* device buffers: staging job (src/hmem.h); the job owns it */
+    int premul;                  /* MULSUM: send is still to be multiplied by scalar (src/mulsum.c) */
+    unsigned char scalar[8];     /* MULSUM: this rank's scalar, one element of dtype */
 } braid_coll;
 
 struct braid_work {

@@ -75,9 +75,14 @@ local_tests() {
   local sizes=(-b 8 -e 64K -f 8) # 8 64 512 4096 32768: odd counts for wide types, several chunks
   local nsizes=5
   for n in 2 3 4; do
-    # Every dtype x op, verified. 8 dtypes x 5 ops x 5 sizes.
+    # Every dtype x op, verified. 10 dtypes (uint32, uint64 included) x 6 ops (mulsum included) x 5 sizes.
     run "ar$n" allreduce -t "$n" "${sizes[@]}" -n 2 -w 1 -c 1 -d all -o all &&
-      check_table "$tmp/ar$n.out" $((8 * 5 * nsizes)) 1 "allreduce -t $n -d all -o all"
+      check_table "$tmp/ar$n.out" $((10 * 6 * nsizes)) 1 "allreduce -t $n -d all -o all"
+    # The new types and op on their own, by name.
+    for d in uint32 uint64; do
+      run "ar$n-$d" allreduce -t "$n" -b 8 -e 8K -f 32 -n 1 -w 1 -c 1 -d "$d" -o mulsum &&
+        check_table "$tmp/ar$n-$d.out" 3 1 "allreduce -t $n -d $d -o mulsum"
+    done
     # Each requested algorithm must produce right answers too.
     for a in ring rd; do
       run "ar$n-$a" allreduce --nranks "$n" -b 4 -e 1M -f 16 -n 2 -w 1 -c 1 -d float -o sum -a "$a" &&
@@ -92,7 +97,7 @@ local_tests() {
       check_table "$tmp/ar$n-algo.out" 4 1 "allreduce --nranks $n --algo ring"
     # Broadcast from a non-zero root; redop is "none" and root the root.
     run "bc$n" broadcast -t "$n" "${sizes[@]}" -n 2 -w 1 -c 1 -d all -r 1 &&
-      check_table "$tmp/bc$n.out" $((8 * nsizes)) 1 "broadcast -t $n" &&
+      check_table "$tmp/bc$n.out" $((10 * nsizes)) 1 "broadcast -t $n" &&
       { awk '!/^#/ && NF > 0 && ($4 != "none" || $5 != "1") { bad = 1 } END { exit bad }' "$tmp/bc$n.out" ||
         fail "broadcast rows must show redop none, root 1"; }
   done
@@ -166,7 +171,7 @@ local_tests() {
   # nccl-tests options that cannot apply say why; their defaults pass.
   local opt
   for opt in "-G 1:CUDA graphs" "-R 1:buffer registration" "-z 2:braid-bench times on the host" \
-    "-d uint32:braid has no uint32 dtype" "-d uint64:braid has no uint64 dtype" "-o mulsum:pre-multiplied sum"; do
+    "-d f8e4m3:braid has no f8e4m3 dtype"; do
     "$bench" allreduce ${opt%%:*} >/dev/null 2>"$tmp/e7"; rc=$?
     [ $rc = 2 ] && grep -q -- "${opt%%:*} is not supported: .*${opt#*:}" "$tmp/e7" ||
       fail "$opt must exit 2 saying why (got $rc: $(cat "$tmp/e7"))"

@@ -28,7 +28,7 @@ static const char *const op_names[] = {"sum", "prod", "min", "max", "avg"};
 
 static size_t dsize(braid_dtype t)
 {
-    static const size_t sizes[BRAID_DTYPE_COUNT] = {4, 8, 2, 2, 1, 1, 4, 8};
+    static const size_t sizes[BRAID_DTYPE_COUNT] = {4, 8, 2, 2, 1, 1, 4, 8, 4, 8};
     return sizes[t];
 }
 

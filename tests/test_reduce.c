@@ -134,6 +134,7 @@ static float ref_f32_op(braid_op op, float a, float b, int final, int nranks)
     float r;
     switch (op) {
     case BRAID_SUM:
+    case BRAID_MULSUM:
     case BRAID_AVG:
         r = a + b;
         if (op == BRAID_AVG && final)
@@ -158,6 +159,7 @@ static double ref_f64_op(braid_op op, double a, double b, int final, int nranks)
     double r;
     switch (op) {
     case BRAID_SUM:
+    case BRAID_MULSUM:
     case BRAID_AVG:
         r = a + b;
         if (op == BRAID_AVG && final)
@@ -191,6 +193,7 @@ static __int128 ref_int_op(braid_op op, __int128 a, __int128 b, int bits, int is
 {
     switch (op) {
     case BRAID_SUM:
+    case BRAID_MULSUM:
         return wrap(a + b, bits, is_signed);
     case BRAID_AVG: {
         __int128 s = wrap(a + b, bits, is_signed);
@@ -209,7 +212,7 @@ static __int128 ref_int_op(braid_op op, __int128 a, __int128 b, int bits, int is
 
 static size_t dsize(braid_dtype t)
 {
-    static const size_t sizes[BRAID_DTYPE_COUNT] = {4, 8, 2, 2, 1, 1, 4, 8};
+    static const size_t sizes[BRAID_DTYPE_COUNT] = {4, 8, 2, 2, 1, 1, 4, 8, 4, 8};
     return sizes[t];
 }
 
@@ -234,8 +237,15 @@ static __int128 int_value(braid_dtype t, uint64_t bits)
     case BRAID_U8: return (uint8_t)bits;
     case BRAID_I32: return (int32_t)bits;
     case BRAID_I64: return (int64_t)bits;
+    case BRAID_U32: return (uint32_t)bits;
+    case BRAID_U64: return bits;
     default: abort();
     }
+}
+
+static int int_signed(braid_dtype t)
+{
+    return t != BRAID_U8 && t != BRAID_U32 && t != BRAID_U64;
 }
 
 static int int_width(braid_dtype t)
@@ -268,7 +278,7 @@ static uint64_t ref_elem(braid_dtype t, braid_op op, uint64_t a, uint64_t b, int
             ref_f32_op(op, ref_bf16_to_f32((uint16_t)a), ref_bf16_to_f32((uint16_t)b), final, nranks));
     default: {
         __int128 r = ref_int_op(op, int_value(t, a), int_value(t, b), int_width(t),
-                                t != BRAID_U8, final, nranks);
+                                int_signed(t), final, nranks);
         uint64_t m = int_width(t) == 64 ? ~0ull : ((1ull << int_width(t)) - 1);
         return (uint64_t)r & m;
     }
@@ -352,8 +362,10 @@ static uint64_t edge_value(braid_dtype t)
     case BRAID_BF16: return edge_bf16[rnd() % NELEM(edge_bf16)];
     case BRAID_I8:
     case BRAID_U8: return edge_i8[rnd() % NELEM(edge_i8)];
-    case BRAID_I32: return edge_i32[rnd() % NELEM(edge_i32)];
-    case BRAID_I64: return edge_i64[rnd() % NELEM(edge_i64)];
+    case BRAID_I32:
+    case BRAID_U32: return edge_i32[rnd() % NELEM(edge_i32)];
+    case BRAID_I64:
+    case BRAID_U64: return edge_i64[rnd() % NELEM(edge_i64)];
     default: abort();
     }
 }
@@ -372,6 +384,8 @@ static uint64_t plain_value(braid_dtype t)
     case BRAID_U8: return r % 16;
     case BRAID_I32: return (uint64_t)(int64_t)((int32_t)(r % 2001) - 1000) & 0xffffffffu;
     case BRAID_I64: return (uint64_t)((int64_t)(r % 2000001) - 1000000);
+    case BRAID_U32: return r % 2001;
+    case BRAID_U64: return r % 2000001;
     default: abort();
     }
 }
@@ -391,8 +405,8 @@ static void fill(braid_dtype t, void *buf, size_t n)
 
 /* ---- harness ---------------------------------------------------------------- */
 
-static const char *const dtype_names[] = {"f32", "f64", "f16", "bf16", "i8", "u8", "i32", "i64"};
-static const char *const op_names[] = {"sum", "prod", "min", "max", "avg"};
+static const char *const dtype_names[] = {"f32", "f64", "f16", "bf16", "i8", "u8", "i32", "i64", "u32", "u64"};
+static const char *const op_names[] = {"sum", "prod", "min", "max", "avg", "mulsum"};
 
 static const size_t counts[] = {0, 1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 1000, 4097};
 

@@ -16,6 +16,7 @@ operation and the cause (braid_last_error()).
 """
 
 import ctypes
+import struct
 
 from . import _lib
 
@@ -182,6 +183,24 @@ class ProcessGroup:
             return buf
         work = ctypes.c_void_p()
         _check(_LIB.braid_allreduce(self._handle(), ptr, ptr, count, dtype, _lib.OPS[op], None, ctypes.byref(work)),
+               what)
+        return Work(work, owner, what)
+
+    def allreduce_mulsum(self, buf, scalar, async_op=False):
+        """Pre-multiplied sum in place: buf becomes the sum over ranks of
+        each rank's buf * scalar (its own scalar, converted to buf's
+        dtype). Returns buf, or a Work when async_op."""
+        ptr, count, dtype, owner = _buffer_of(buf)
+        try:
+            raw = _lib.scalar_bytes(scalar, dtype)
+        except (struct.error, ValueError, TypeError, OverflowError) as e:
+            raise BraidError("BRAID_ERR_INVALID_ARG", "braid: scalar %r does not fit the buffer's dtype: %s" % (scalar, e))
+        what = "allreduce_mulsum(%d elements, scalar=%r)" % (count, scalar)
+        if not async_op:
+            _check(_LIB.braid_allreduce_mulsum(self._handle(), ptr, ptr, count, dtype, raw, None, None), what)
+            return buf
+        work = ctypes.c_void_p()
+        _check(_LIB.braid_allreduce_mulsum(self._handle(), ptr, ptr, count, dtype, raw, None, ctypes.byref(work)),
                what)
         return Work(work, owner, what)
 

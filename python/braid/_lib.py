@@ -17,6 +17,7 @@ import ctypes
 import ctypes.util
 import glob
 import os
+import struct
 import subprocess
 
 # Values of the C enums in braid.h: part of the ABI.
@@ -36,9 +37,35 @@ STATUS_NAMES = (
     "BRAID_ERR_NO_MEMORY",
     "BRAID_ERR_CORRUPT",
 )
-DTYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int8": 4, "uint8": 5, "int32": 6, "int64": 7}
+DTYPES = {
+    "float32": 0,
+    "float64": 1,
+    "float16": 2,
+    "bfloat16": 3,
+    "int8": 4,
+    "uint8": 5,
+    "int32": 6,
+    "int64": 7,
+    "uint32": 8,
+    "uint64": 9,
+}
+# struct format of one element, for scalars (bfloat16: see scalar_bytes).
+_STRUCT = {0: "<f", 1: "<d", 2: "<e", 4: "<b", 5: "<B", 6: "<i", 7: "<q", 8: "<I", 9: "<Q"}
 OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4}
 UNIQUE_ID_BYTES = 128
+
+
+def scalar_bytes(value, dtype):
+    """One element of braid dtype `dtype` holding value, as bytes (for the
+    *_mulsum calls). Integers must fit the type; floats round to nearest
+    even."""
+    if dtype == DTYPES["bfloat16"]:
+        bits = struct.unpack("<I", struct.pack("<f", float(value)))[0]
+        if (bits & 0x7FFFFFFF) > 0x7F800000:
+            return struct.pack("<H", 0x7FC0)
+        return struct.pack("<H", ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF)
+    fmt = _STRUCT[dtype]
+    return struct.pack(fmt, float(value) if fmt[1] in "fde" else int(value))
 
 
 class UniqueId(ctypes.Structure):
@@ -125,6 +152,7 @@ def _declare(lib):
         "braid_pg_size": (i, [vp]),
         "braid_allreduce": (st, [vp, vp, vp, sz, i, i, vp, c.POINTER(vp)]),
         "braid_broadcast": (st, [vp, vp, sz, i, i, vp, c.POINTER(vp)]),
+        "braid_allreduce_mulsum": (st, [vp, vp, vp, sz, i, c.c_char_p, vp, c.POINTER(vp)]),
         "braid_wait": (st, [vp, i]),
         "braid_test": (st, [vp, c.POINTER(i)]),
         "braid_work_free": (None, [vp]),

@@ -1,6 +1,9 @@
 /* Tuner and dispatch: picks an algorithm per call, runs it, and turns a
  * failure into a broken group so that every rank fails fast. */
+#include <stdlib.h>
+
 #include "algo.h"
+#include "coll_check.h"
 #include "hmem.h"
 #include "log.h"
 #include "status.h"
@@ -143,9 +146,13 @@ static braid_status run_algo(braid_pg *pg, braid_coll *coll, braid_algo_run *run
 
 static braid_status run_one(braid_pg *pg, braid_coll *coll)
 {
+    void *scratch;
+    BRAID_CHECK(braid__mulsum_prepare(pg, coll, &scratch));
     braid_algo_run run;
     braid__algo_run_init(&run, pg, coll);
-    return braid__fp_explain(&run, run_algo(pg, coll, &run));
+    braid_status st = braid__fp_explain(&run, run_algo(pg, coll, &run));
+    free(scratch);
+    return st;
 }
 
 /* A group runs in issue order; each run of consecutive sends and receives

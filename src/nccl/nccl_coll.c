@@ -92,7 +92,7 @@ static ncclResult_t types(ncclComm_t comm, nccl_op *op, ncclDataType_t datatype,
 {
     op->pm.used = 0;
     op->op = BRAID_SUM;
-    ncclResult_t r = nccl__map_dtype(datatype, reducing, redop, &op->dtype, op->call);
+    ncclResult_t r = nccl__map_dtype(datatype, reducing, &op->dtype, op->call);
     if (r == ncclSuccess && reducing)
         r = nccl__map_op(comm, redop, datatype, &op->op, &op->pm, op->call);
     return r;

@@ -2,9 +2,10 @@
  * buffers, or the device worker's staged copies of device buffers.
  *
  * Work on the caller's buffers happens here, when the call runs, never
- * when it is recorded: a PreMulSum input is scaled and a broadcast root's
- * input copied to its output just before braid sees them, so a group
- * reads its buffers at ncclGroupEnd as NCCL's would.
+ * when it is recorded: a broadcast root's input is copied to its output
+ * just before braid sees it (and braid multiplies a PreMulSum input when
+ * the collective runs), so a group reads its buffers at ncclGroupEnd as
+ * NCCL's would.
  *
  * Several calls run as one braid group: the collectives first, in issue
  * order, then every send and receive in one run that braid progresses
@@ -72,33 +73,11 @@ static int is_p2p(const nccl_op *op)
 }
 
 /* Work on the buffers that must precede braid's call. */
-static ncclResult_t prepare(ncclComm_t comm, nccl_op *op)
+static void prepare(ncclComm_t comm, nccl_op *op)
 {
-    size_t es = braid_dtype_size(op->dtype);
-    op->scratch = NULL;
-    if (op->pm.used && op->count) {
-        size_t n = nccl__op_send_bytes(op, comm->rank, comm->nranks) / es;
-        if (op->kind == NCCL_OP_ALLREDUCE) {
-            /* The output is the natural home of the scaled input. */
-            nccl__premul_scale(&op->pm, op->dtype, op->recv, op->send, n);
-            op->send = op->recv;
-        } else {
-            /* Reduce and reduce-scatter: a scaled copy. In place stays in
-             * place for reduce-scatter: the copy replaces the input and
-             * the output is the caller's block of it. */
-            void *p = malloc(n * es);
-            if (!p)
-                return nccl__fail(ncclSystemError, "%s: out of memory for the PreMulSum copy of %zu elements",
-                                  op->call, n);
-            nccl__premul_scale(&op->pm, op->dtype, p, op->send, n);
-            op->scratch = p;
-            op->send = p;
-        }
-    }
     /* braid broadcasts in place: the root's input goes to its output first. */
     if (op->kind == NCCL_OP_BROADCAST && comm->rank == op->root && op->count && op->send != op->recv)
-        memmove(op->recv, op->send, op->count * es);
-    return ncclSuccess;
+        memmove(op->recv, op->send, op->count * braid_dtype_size(op->dtype));
 }
 
 static braid_status issue(ncclComm_t comm, const nccl_op *op)
@@ -106,10 +85,18 @@ static braid_status issue(ncclComm_t comm, const nccl_op *op)
     braid_pg *pg = comm->pg;
     switch (op->kind) {
     case NCCL_OP_ALLREDUCE:
+        if (op->pm.used)
+            return braid_allreduce_mulsum(pg, op->send, op->recv, op->count, op->dtype, op->pm.scalar, NULL, NULL);
         return braid_allreduce(pg, op->send, op->recv, op->count, op->dtype, op->op, NULL, NULL);
     case NCCL_OP_REDUCE:
+        if (op->pm.used)
+            return braid_reduce_mulsum(pg, op->send, op->recv, op->count, op->dtype, op->pm.scalar, op->root, NULL,
+                                       NULL);
         return braid_reduce(pg, op->send, op->recv, op->count, op->dtype, op->op, op->root, NULL, NULL);
     case NCCL_OP_REDUCE_SCATTER:
+        if (op->pm.used)
+            return braid_reduce_scatter_mulsum(pg, op->send, op->recv, op->count, op->dtype, op->pm.scalar, NULL,
+                                               NULL);
         return braid_reduce_scatter(pg, op->send, op->recv, op->count, op->dtype, op->op, NULL, NULL);
     case NCCL_OP_ALLGATHER:
         return braid_allgather(pg, op->send, op->recv, op->count, op->dtype, NULL, NULL);
@@ -129,14 +116,6 @@ static braid_status issue(ncclComm_t comm, const nccl_op *op)
     return BRAID_ERR_INTERNAL;
 }
 
-static void free_scratch(nccl_op *ops, int n)
-{
-    for (int i = 0; i < n; i++) {
-        free(ops[i].scratch);
-        ops[i].scratch = NULL;
-    }
-}
-
 ncclResult_t nccl__exec_start(ncclComm_t comm, nccl_op *ops, int n, braid_work **work)
 {
     NCCL_ON_COMM(comm); /* group ends run here: name the communicator whose call failed */
@@ -150,25 +129,16 @@ ncclResult_t nccl__exec_start(ncclComm_t comm, nccl_op *ops, int n, braid_work *
     for (int i = 0; i < n && r == ncclSuccess; i++)
         if (ops[i].stream && !ops[i].device)
             r = nccl__stream_sync(ops[i].stream, ops[i].call);
+    if (r != ncclSuccess)
+        return r;
     for (int i = 0; i < n; i++)
-        ops[i].scratch = NULL;
-    for (int i = 0; i < n && r == ncclSuccess; i++)
-        r = prepare(comm, &ops[i]);
-    if (r != ncclSuccess) {
-        free_scratch(ops, n);
-        return r;
-    }
-    if (n == 1 && !work) {
-        r = nccl__from_braid(issue(comm, &ops[0]), ops[0].call);
-        free_scratch(ops, n);
-        return r;
-    }
+        prepare(comm, &ops[i]);
+    if (n == 1 && !work)
+        return nccl__from_braid(issue(comm, &ops[0]), ops[0].call);
     const char *call = n == 1 ? ops[0].call : "ncclGroupEnd";
     braid_status st = braid_group_start(comm->pg);
-    if (st != BRAID_OK) {
-        free_scratch(ops, n);
+    if (st != BRAID_OK)
         return nccl__from_braid(st, call);
-    }
     for (int pass = 0; pass < 2 && st == BRAID_OK; pass++)
         for (int i = 0; i < n && st == BRAID_OK; i++)
             if (is_p2p(&ops[i]) == pass && (st = issue(comm, &ops[i])) != BRAID_OK)
@@ -177,13 +147,10 @@ ncclResult_t nccl__exec_start(ncclComm_t comm, nccl_op *ops, int n, braid_work *
     braid_status end = braid_group_end(comm->pg, work);
     if (r == ncclSuccess && end != BRAID_OK)
         r = nccl__from_braid(end, call);
-    if (r != ncclSuccess || !work || !*work) {
-        if (work && *work) {
-            braid_wait(*work, -1);
-            braid_work_free(*work);
-            *work = NULL;
-        }
-        free_scratch(ops, n);
+    if (r != ncclSuccess && work && *work) {
+        braid_wait(*work, -1);
+        braid_work_free(*work);
+        *work = NULL;
     }
     return r;
 }
@@ -197,6 +164,5 @@ ncclResult_t nccl__exec_finish(braid_work *work, nccl_op *ops, int n)
             r = nccl__from_braid(st, n == 1 ? ops[0].call : "ncclGroupEnd");
         braid_work_free(work);
     }
-    free_scratch(ops, n);
     return r;
 }

@@ -51,11 +51,10 @@ typedef struct {
     size_t count;     /* NCCL's count: per rank for all-gather, reduce-scatter, all-to-all, gather, scatter */
     braid_dtype dtype;
     braid_op op;
-    nccl_premul pm;   /* pm.used: inputs are scaled by pm.scalar first */
+    nccl_premul pm;   /* pm.used: op is BRAID_MULSUM with pm.scalar */
     int root;         /* root, or peer of a send/receive */
     cudaStream_t stream;
     int device;       /* 1: send or recv is CUDA device memory */
-    void *scratch;    /* the PreMulSum copy while it runs (nccl_exec.c) */
 } nccl_op;
 
 /* A communicator's device worker (nccl_dev.c). */
@@ -216,7 +215,7 @@ size_t nccl__op_recv_bytes(const nccl_op *op, int rank, int nranks);
  * when nothing was started) and nccl__exec_finish must follow. */
 ncclResult_t nccl__exec_start(ncclComm_t comm, nccl_op *ops, int n, braid_work **work);
 
-/* Wait for work (may be NULL) and release the ops' scratch. */
+/* Wait for work (may be NULL). */
 ncclResult_t nccl__exec_finish(braid_work *work, nccl_op *ops, int n);
 
 /* ---- device buffers (nccl_dev.c; nccl_dev_stub.c without CUDA) ---- */
@@ -259,18 +258,15 @@ ncclResult_t nccl__read_scalar(void *dst, const void *src, size_t bytes, const c
 
 /* ---- operators and types (nccl_redop.c) ---- */
 
-/* Map a datatype; `reducing` with op: unsigned 32/64-bit types reduce
- * only where two's complement gives the same bits (sum, prod, pre-mul sum);
- * other ops on them are ncclInvalidUsage, an invalid datatype
+/* Map a datatype; `reducing`: fp8 is ncclInvalidUsage (braid moves it as
+ * bytes but has no fp8 arithmetic); an invalid datatype is
  * ncclInvalidArgument. */
-ncclResult_t nccl__map_dtype(ncclDataType_t t, int reducing, ncclRedOp_t op, braid_dtype *out, const char *call);
+ncclResult_t nccl__map_dtype(ncclDataType_t t, int reducing, braid_dtype *out, const char *call);
 
 /* A built-in op, or a PreMulSum of comm: then premul gets a copy of it
- * (used = 1, scalar read now) and *out is SUM; else premul->used = 0. */
+ * (used = 1, scalar read now) and *out is BRAID_MULSUM; else premul->used = 0. */
 ncclResult_t nccl__map_op(ncclComm_t comm, ncclRedOp_t op, ncclDataType_t t, braid_op *out, nccl_premul *premul,
                           const char *call);
 
-/* dst[i] = src[i] * scalar in dtype t, rounded once (dst may equal src). */
-void nccl__premul_scale(const nccl_premul *pm, braid_dtype t, void *dst, const void *src, size_t count);
 
 #endif

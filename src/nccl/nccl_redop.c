@@ -1,16 +1,11 @@
 /* Datatypes, operators and PreMulSum.
  *
- * braid has no unsigned 32/64-bit types. Moving them is moving bytes, and
- * sum and product in two's complement are the same bits as unsigned
- * arithmetic modulo 2^n, so those map onto the signed types; max, min and
- * avg would compare or divide as signed and are refused instead, with
- * ncclInvalidUsage: a valid NCCL call that braid cannot do. Values outside
- * NCCL's enums (and PreMulSum misuse) are ncclInvalidArgument, as in NCCL.
+ * Every NCCL datatype but fp8 has a native braid dtype (fp8 is moved as
+ * bytes and refused in reductions). Values outside NCCL's enums (and
+ * PreMulSum misuse) are ncclInvalidArgument, as in NCCL.
  *
- * PreMulSum multiplies each rank's input by a scalar, then sums: the
- * products go into a scaled copy (rounded once per element, to nearest
- * even, using braid's own conversions so the bits match its engine) and
- * the copy is summed. */
+ * PreMulSum maps onto braid's BRAID_MULSUM: the op keeps the scalar, and
+ * the call runs as braid_*_mulsum with it (nccl_exec.c). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,11 +26,11 @@ static const char *op_name(ncclRedOp_t op)
     return (unsigned)op < ncclNumOps ? names[op] : "a PreMulSum operator";
 }
 
-ncclResult_t nccl__map_dtype(ncclDataType_t t, int reducing, ncclRedOp_t op, braid_dtype *out, const char *call)
+ncclResult_t nccl__map_dtype(ncclDataType_t t, int reducing, braid_dtype *out, const char *call)
 {
     static const braid_dtype map[ncclNumTypes] = {
-        [ncclInt8] = BRAID_I8,     [ncclUint8] = BRAID_U8,      [ncclInt32] = BRAID_I32,   [ncclUint32] = BRAID_I32,
-        [ncclInt64] = BRAID_I64,   [ncclUint64] = BRAID_I64,    [ncclFloat16] = BRAID_F16, [ncclFloat32] = BRAID_F32,
+        [ncclInt8] = BRAID_I8,     [ncclUint8] = BRAID_U8,      [ncclInt32] = BRAID_I32,   [ncclUint32] = BRAID_U32,
+        [ncclInt64] = BRAID_I64,   [ncclUint64] = BRAID_U64,    [ncclFloat16] = BRAID_F16, [ncclFloat32] = BRAID_F32,
         [ncclFloat64] = BRAID_F64, [ncclBfloat16] = BRAID_BF16,
         /* fp8 is moved as bytes; braid's engine has no fp8 arithmetic. */
         [ncclFloat8e4m3] = BRAID_U8, [ncclFloat8e5m2] = BRAID_U8,
@@ -47,11 +42,6 @@ ncclResult_t nccl__map_dtype(ncclDataType_t t, int reducing, ncclRedOp_t op, bra
                           "%s: reductions on %s are not supported: braid's engine has no fp8 arithmetic (it moves "
                           "fp8 data in broadcast, gather, all-gather, all-to-all and send/receive)",
                           call, dtype_name(t));
-    if (reducing && (t == ncclUint32 || t == ncclUint64) && (op == ncclMax || op == ncclMin || op == ncclAvg))
-        return nccl__fail(ncclInvalidUsage,
-                          "%s: %s with %s is not supported: braid reduces unsigned 32/64-bit values only with "
-                          "ncclSum, ncclProd or PreMulSum (its engine compares and divides them as signed)",
-                          call, op_name(op), dtype_name(t));
     *out = map[t];
     return ncclSuccess;
 }
@@ -97,7 +87,7 @@ ncclResult_t nccl__map_op(ncclComm_t comm, ncclRedOp_t op, ncclDataType_t t, bra
     }
     if (premul->residence == ncclScalarDevice) {
         braid_dtype bt = BRAID_DTYPE_COUNT; /* set on success */
-        ncclResult_t r = nccl__map_dtype(t, 0, ncclSum, &bt, call);
+        ncclResult_t r = nccl__map_dtype(t, 0, &bt, call);
         if (r == ncclSuccess)
             r = nccl__read_scalar(premul->scalar, premul->scalar_ptr, braid_dtype_size(bt), call);
         if (r != ncclSuccess) {
@@ -105,74 +95,8 @@ ncclResult_t nccl__map_op(ncclComm_t comm, ncclRedOp_t op, ncclDataType_t t, bra
             return r;
         }
     }
-    *out = BRAID_SUM;
+    *out = BRAID_MULSUM;
     return ncclSuccess;
-}
-
-/* Multiply by the scalar s (raw bytes of dtype t). Integers wrap through
- * the unsigned type, never overflowing as signed; f16/bf16 products are
- * exact in f32, so rounding that once is correctly rounded. */
-static void scale(braid_dtype t, const unsigned char *s, void *dst, const void *src, size_t n)
-{
-#define SCALE_INT(T, U)                                                                                                \
-    do {                                                                                                               \
-        U k;                                                                                                           \
-        memcpy(&k, s, sizeof(k));                                                                                      \
-        for (size_t i = 0; i < n; i++)                                                                                 \
-            ((T *)dst)[i] = (T)((U)((const T *)src)[i] * k);                                                           \
-    } while (0)
-    switch (t) {
-    case BRAID_I8:
-        SCALE_INT(int8_t, uint8_t);
-        break;
-    case BRAID_U8:
-        SCALE_INT(uint8_t, uint8_t);
-        break;
-    case BRAID_I32:
-        SCALE_INT(int32_t, uint32_t);
-        break;
-    case BRAID_I64:
-        SCALE_INT(int64_t, uint64_t);
-        break;
-    case BRAID_F32: {
-        float k;
-        memcpy(&k, s, sizeof(k));
-        for (size_t i = 0; i < n; i++)
-            ((float *)dst)[i] = ((const float *)src)[i] * k;
-        break;
-    }
-    case BRAID_F64: {
-        double k;
-        memcpy(&k, s, sizeof(k));
-        for (size_t i = 0; i < n; i++)
-            ((double *)dst)[i] = ((const double *)src)[i] * k;
-        break;
-    }
-    case BRAID_F16: {
-        uint16_t kb;
-        memcpy(&kb, s, sizeof(kb));
-        float k = braid__ew_f16_to_f32(kb);
-        for (size_t i = 0; i < n; i++)
-            ((uint16_t *)dst)[i] = braid__ew_f32_to_f16(braid__ew_f16_to_f32(((const uint16_t *)src)[i]) * k);
-        break;
-    }
-    case BRAID_BF16: {
-        uint16_t kb;
-        memcpy(&kb, s, sizeof(kb));
-        float k = braid__ew_bf16_to_f32(kb);
-        for (size_t i = 0; i < n; i++)
-            ((uint16_t *)dst)[i] = braid__ew_f32_to_bf16(braid__ew_bf16_to_f32(((const uint16_t *)src)[i]) * k);
-        break;
-    }
-    case BRAID_DTYPE_COUNT:
-        break;
-    }
-#undef SCALE_INT
-}
-
-void nccl__premul_scale(const nccl_premul *pm, braid_dtype t, void *dst, const void *src, size_t count)
-{
-    scale(t, pm->scalar, dst, src, count);
 }
 
 NCCL_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataType_t datatype,
@@ -188,7 +112,7 @@ NCCL_API ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, nc
     if (residence != ncclScalarDevice && residence != ncclScalarHostImmediate)
         return nccl__fail(ncclInvalidArgument, "%s: invalid residence %d", call, (int)residence);
     braid_dtype bt = BRAID_DTYPE_COUNT; /* set on success */
-    if ((r = nccl__map_dtype(datatype, 1, ncclSum, &bt, call)) != ncclSuccess)
+    if ((r = nccl__map_dtype(datatype, 1, &bt, call)) != ncclSuccess)
         return r;
     nccl_premul pm = {.used = 1, .dtype = datatype, .residence = residence, .scalar_ptr = scalar};
     if (residence == ncclScalarHostImmediate)

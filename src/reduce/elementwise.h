@@ -275,6 +275,8 @@ BRAID_EW_INT_PRIMS(i8, int8_t, uint8_t)
 BRAID_EW_INT_PRIMS(u8, uint8_t, uint8_t)
 BRAID_EW_INT_PRIMS(i32, int32_t, uint32_t)
 BRAID_EW_INT_PRIMS(i64, int64_t, uint64_t)
+BRAID_EW_INT_PRIMS(u32, uint32_t, uint32_t)
+BRAID_EW_INT_PRIMS(u64, uint64_t, uint64_t)
 #undef BRAID_EW_INT_PRIMS
 
 /* ---- the lists ------------------------------------------------------------
@@ -287,17 +289,22 @@ BRAID_EW_INT_PRIMS(i64, int64_t, uint64_t)
     X(I8, i8, int8_t, int8_t)                                                                  \
     X(U8, u8, uint8_t, uint8_t)                                                                \
     X(I32, i32, int32_t, int32_t)                                                              \
-    X(I64, i64, int64_t, int64_t)
+    X(I64, i64, int64_t, int64_t)                                                              \
+    X(U32, u32, uint32_t, uint32_t)                                                            \
+    X(U64, u64, uint64_t, uint64_t)
 
 /* X(..., OPENUM, op, combine): the trailing arguments of a dtype entry come
  * first so one X can receive the whole (dtype, op) pair. AVG combines with
- * csum; only its final step differs. */
+ * csum; only its final step differs. MULSUM combines with csum too: its
+ * inputs were multiplied by each rank's scalar before the collective
+ * (braid__ew_<dtype>_premul). */
 #define BRAID_EW_FOREACH_OP(X, ...)                                                            \
     X(__VA_ARGS__, SUM, sum, csum)                                                             \
     X(__VA_ARGS__, PROD, prod, cprod)                                                          \
     X(__VA_ARGS__, MIN, min, cmin)                                                             \
     X(__VA_ARGS__, MAX, max, cmax)                                                             \
-    X(__VA_ARGS__, AVG, avg, csum)
+    X(__VA_ARGS__, AVG, avg, csum)                                                             \
+    X(__VA_ARGS__, MULSUM, mulsum, csum)
 
 /* The finishing step of op on a compute value x: identity except AVG. */
 #define BRAID_EW_FINISH_sum(name, x, n) (x)
@@ -305,6 +312,7 @@ BRAID_EW_INT_PRIMS(i64, int64_t, uint64_t)
 #define BRAID_EW_FINISH_min(name, x, n) (x)
 #define BRAID_EW_FINISH_max(name, x, n) (x)
 #define BRAID_EW_FINISH_avg(name, x, n) braid__ew_##name##_cdiv((x), (n))
+#define BRAID_EW_FINISH_mulsum(name, x, n) (x)
 
 /* Every (dtype, op) pair: X(ENUM, name, T, C, OPENUM, op, combine). */
 #define BRAID_EW_FOREACH_PAIR_DTYPE_(ENUM, name, T, C, X) BRAID_EW_FOREACH_OP(X, ENUM, name, T, C)
@@ -316,7 +324,9 @@ BRAID_EW_INT_PRIMS(i64, int64_t, uint64_t)
     BRAID_EW_FOREACH_PAIR_DTYPE_(I8, i8, int8_t, int8_t, X)                                    \
     BRAID_EW_FOREACH_PAIR_DTYPE_(U8, u8, uint8_t, uint8_t, X)                                  \
     BRAID_EW_FOREACH_PAIR_DTYPE_(I32, i32, int32_t, int32_t, X)                                \
-    BRAID_EW_FOREACH_PAIR_DTYPE_(I64, i64, int64_t, int64_t, X)
+    BRAID_EW_FOREACH_PAIR_DTYPE_(I64, i64, int64_t, int64_t, X)                                \
+    BRAID_EW_FOREACH_PAIR_DTYPE_(U32, u32, uint32_t, uint32_t, X)                              \
+    BRAID_EW_FOREACH_PAIR_DTYPE_(U64, u64, uint64_t, uint64_t, X)
 
 /* ---- generated elementwise functions ------------------------------------ */
 
@@ -342,5 +352,17 @@ BRAID_EW_FOREACH_PAIR(BRAID_EW_GEN_PAIR)
     }
 BRAID_EW_FOREACH_DTYPE(BRAID_EW_GEN_SCALE)
 #undef BRAID_EW_GEN_SCALE
+
+/* MULSUM's first step: x * s in the compute type, stored back (f16/bf16:
+ * the f32 product of two halves is exact, so it is rounded once;
+ * integers wrap through the unsigned type). */
+#define BRAID_EW_GEN_PREMUL(ENUM, name, T, C)                                                  \
+    BRAID_EW_FN T braid__ew_##name##_premul(T x, T s)                                          \
+    {                                                                                          \
+        return braid__ew_##name##_store(                                                       \
+            braid__ew_##name##_cprod(braid__ew_##name##_load(x), braid__ew_##name##_load(s))); \
+    }
+BRAID_EW_FOREACH_DTYPE(BRAID_EW_GEN_PREMUL)
+#undef BRAID_EW_GEN_PREMUL
 
 #endif /* BRAID_REDUCE_ELEMENTWISE_H */

@@ -7,6 +7,7 @@
  *  - f16/bf16 are converted to f32, combined, and rounded back to nearest
  *    even once per operation;
  *  - min/max propagate NaN (either input NaN gives NaN), like torch.minimum;
+ *  - MULSUM combines as SUM; braid__reduce_premul is its first step;
  *  - AVG is SUM in braid__reduce; braid__reduce_final divides by nranks in
  *    the same pass (f16/bf16: one rounding of the f32 quotient).
  */
@@ -29,6 +30,10 @@ void braid__reduce_final(braid_dtype dtype, braid_op op, void *dst, const void *
 /* buf[i] /= nranks for AVG (used when a rank has nothing to combine,
  * e.g. a group of one); no-op for other ops. */
 void braid__reduce_scale(braid_dtype dtype, braid_op op, void *buf, size_t count, int nranks);
+
+/* dst[i] = src[i] * *scalar (one element of dtype, any alignment): the
+ * per-rank multiply of MULSUM. dst may equal src; no other overlap. */
+void braid__reduce_premul(braid_dtype dtype, void *dst, const void *src, size_t count, const void *scalar);
 
 /* Convert count elements between float types, rounding to nearest even
  * once; used by gradient compression. Supported pairs: f32 <-> f16, bf16,

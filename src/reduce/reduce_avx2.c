@@ -50,6 +50,8 @@
 #define VW_u8 32
 #define VW_i32 8
 #define VW_i64 4
+#define VW_u32 8
+#define VW_u64 4
 
 /* Loads and stores take untyped addresses: user buffers may have any
  * alignment, and only the unaligned intrinsics (and memcpy in
@@ -66,6 +68,8 @@ INT_LOAD_STORE(i8, int8_t)
 INT_LOAD_STORE(u8, uint8_t)
 INT_LOAD_STORE(i32, int32_t)
 INT_LOAD_STORE(i64, int64_t)
+INT_LOAD_STORE(u32, uint32_t)
+INT_LOAD_STORE(u64, uint64_t)
 #undef INT_LOAD_STORE
 
 /* f16: vcvtph2ps is exact (and quiets a signalling NaN keeping its payload,
@@ -202,7 +206,30 @@ static inline __m256i v_i64_max(__m256i a, __m256i b)
     return _mm256_blendv_epi8(b, a, _mm256_cmpgt_epi64(a, b)); /* a > b: take a */
 }
 
-/* AVG combines like SUM (its division is the final step). */
+static inline __m256i v_u32_sum(__m256i a, __m256i b) { return _mm256_add_epi32(a, b); }
+static inline __m256i v_u32_prod(__m256i a, __m256i b) { return _mm256_mullo_epi32(a, b); }
+static inline __m256i v_u32_min(__m256i a, __m256i b) { return _mm256_min_epu32(a, b); }
+static inline __m256i v_u32_max(__m256i a, __m256i b) { return _mm256_max_epu32(a, b); }
+#define v_u64_sum v_i64_sum
+#define v_u64_prod v_i64_prod
+/* AVX2 compares 64-bit lanes as signed only: flipping the sign bit of both
+ * operands turns the unsigned order into the signed one. */
+static inline __m256i u64_gt(__m256i a, __m256i b)
+{
+    __m256i bias = _mm256_set1_epi64x((long long)0x8000000000000000ull);
+    return _mm256_cmpgt_epi64(_mm256_xor_si256(a, bias), _mm256_xor_si256(b, bias));
+}
+static inline __m256i v_u64_min(__m256i a, __m256i b)
+{
+    return _mm256_blendv_epi8(a, b, u64_gt(a, b)); /* a > b: take b */
+}
+static inline __m256i v_u64_max(__m256i a, __m256i b)
+{
+    return _mm256_blendv_epi8(b, a, u64_gt(a, b)); /* a > b: take a */
+}
+
+/* AVG and MULSUM combine like SUM (AVG's division is the final step,
+ * MULSUM's multiply came before the collective). */
 #define v_f32_avg v_f32_sum
 #define v_f64_avg v_f64_sum
 #define v_f16_avg v_f16_sum
@@ -211,6 +238,18 @@ static inline __m256i v_i64_max(__m256i a, __m256i b)
 #define v_u8_avg v_u8_sum
 #define v_i32_avg v_i32_sum
 #define v_i64_avg v_i64_sum
+#define v_u32_avg v_u32_sum
+#define v_u64_avg v_u64_sum
+#define v_f32_mulsum v_f32_sum
+#define v_f64_mulsum v_f64_sum
+#define v_f16_mulsum v_f16_sum
+#define v_bf16_mulsum v_bf16_sum
+#define v_i8_mulsum v_i8_sum
+#define v_u8_mulsum v_u8_sum
+#define v_i32_mulsum v_i32_sum
+#define v_i64_mulsum v_i64_sum
+#define v_u32_mulsum v_u32_sum
+#define v_u64_mulsum v_u64_sum
 
 /* ---- kernels --------------------------------------------------------------
  * Whole vectors first, then the scalar definition for the tail. Two vectors

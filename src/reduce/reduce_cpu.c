@@ -114,6 +114,14 @@ void braid__reduce_scale(braid_dtype dtype, braid_op op, void *buf, size_t count
     kernels()->scale[dtype](buf, count, nranks);
 }
 
+void braid__reduce_premul(braid_dtype dtype, void *dst, const void *src, size_t count, const void *scalar)
+{
+    assert((unsigned)dtype < BRAID_DTYPE_COUNT);
+    if (count == 0)
+        return;
+    kernels()->premul[dtype](dst, src, count, scalar);
+}
+
 void braid__cast(braid_dtype dst_type, void *dst, braid_dtype src_type, const void *src, size_t count)
 {
     assert((unsigned)dst_type < BRAID_DTYPE_COUNT && (unsigned)src_type < BRAID_DTYPE_COUNT);

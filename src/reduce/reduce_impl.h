@@ -15,6 +15,8 @@ typedef void (*braid__avg_final_func_t)(void *dst, const void *a, const void *b,
                                         int nranks);
 /* buf[i] /= nranks */
 typedef void (*braid__scale_func_t)(void *buf, size_t count, int nranks);
+/* dst[i] = src[i] * *scalar (MULSUM's first step) */
+typedef void (*braid__premul_func_t)(void *dst, const void *src, size_t count, const void *scalar);
 /* dst[i] = (dst type)src[i] */
 typedef void (*braid__cast_func_t)(void *dst, const void *src, size_t count);
 
@@ -23,6 +25,7 @@ typedef struct braid__reduce_kernels {
     braid__combine_func_t combine[BRAID_DTYPE_COUNT][BRAID_OP_COUNT];
     braid__avg_final_func_t avg_final[BRAID_DTYPE_COUNT];
     braid__scale_func_t scale[BRAID_DTYPE_COUNT];
+    braid__premul_func_t premul[BRAID_DTYPE_COUNT];
     /* [dst][src]; NULL where the pair is not a supported conversion */
     braid__cast_func_t cast[BRAID_DTYPE_COUNT][BRAID_DTYPE_COUNT];
 } braid__reduce_kernels;

@@ -34,6 +34,12 @@ BRAID_EW_FOREACH_PAIR(GEN_COMBINE)
     {                                                                                          \
         for (size_t i = 0; i < count; i++)                                                     \
             braid__st_##name(buf, i, braid__ew_##name##_scale(braid__ld_##name(buf, i), nranks)); \
+    }                                                                                          \
+    static void premul_##name(void *dst, const void *src, size_t count, const void *scalar)    \
+    {                                                                                          \
+        T s = braid__ld_##name(scalar, 0);                                                     \
+        for (size_t i = 0; i < count; i++)                                                     \
+            braid__st_##name(dst, i, braid__ew_##name##_premul(braid__ld_##name(src, i), s));   \
     }
 BRAID_EW_FOREACH_DTYPE(GEN_DTYPE_FUNCS)
 #undef GEN_DTYPE_FUNCS
@@ -81,12 +87,14 @@ static void cast_same_8(void *dst, const void *src, size_t count)
     [BRAID_##ENUM][BRAID_##OPENUM] = combine_##name##_##op,
 #define AVG_ENTRY(ENUM, name, T, C) [BRAID_##ENUM] = avg_final_##name,
 #define SCALE_ENTRY(ENUM, name, T, C) [BRAID_##ENUM] = scale_##name,
+#define PREMUL_ENTRY(ENUM, name, T, C) [BRAID_##ENUM] = premul_##name,
 
 const braid__reduce_kernels braid__reduce_kernels_scalar = {
     .isa = "scalar",
     .combine = {BRAID_EW_FOREACH_PAIR(PAIR_ENTRY)},
     .avg_final = {BRAID_EW_FOREACH_DTYPE(AVG_ENTRY)},
     .scale = {BRAID_EW_FOREACH_DTYPE(SCALE_ENTRY)},
+    .premul = {BRAID_EW_FOREACH_DTYPE(PREMUL_ENTRY)},
     .cast =
         {
             [BRAID_F32] = {[BRAID_F32] = cast_same_4, [BRAID_F16] = cast_f32_f16,
@@ -100,5 +108,7 @@ const braid__reduce_kernels braid__reduce_kernels_scalar = {
             [BRAID_U8] = {[BRAID_U8] = cast_same_1},
             [BRAID_I32] = {[BRAID_I32] = cast_same_4},
             [BRAID_I64] = {[BRAID_I64] = cast_same_8},
+            [BRAID_U32] = {[BRAID_U32] = cast_same_4},
+            [BRAID_U64] = {[BRAID_U64] = cast_same_8},
         },
 };

@@ -1,0 +1,92 @@
+/* Pre-multiplied sum (BRAID_MULSUM, NCCL's PreMulSum): the public calls,
+ * and the multiply that runs just before the collective's algorithm.
+ *
+ * The multiply happens when the collective runs, never when it is issued:
+ * an earlier queued collective may still be writing recv, and a group
+ * reads its buffers at braid_group_end. After it the collective is a plain
+ * sum (MULSUM combines as SUM), but keeps op MULSUM on the wire so that a
+ * rank calling braid_allreduce(SUM) against it is a clear mismatch. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "algo/algo.h"
+#include "coll_check.h"
+#include "hmem.h"
+#include "pg.h"
+#include "reduce/reduce.h"
+#include "status.h"
+
+void braid__mulsum_arm(braid_coll *c, const void *scalar)
+{
+    if (!scalar)
+        return;
+    c->premul = 1;
+    memcpy(c->scalar, scalar, braid_dtype_size(c->dtype));
+}
+
+braid_status braid__mulsum_prepare(braid_pg *pg, braid_coll *coll, void **scratch)
+{
+    *scratch = NULL;
+    if (!coll->premul)
+        return BRAID_OK;
+    coll->premul = 0;
+    size_t esize = braid_dtype_size(coll->dtype);
+    size_t n = coll->count;
+    if (coll->kind == BRAID_COLL_REDUCE_SCATTER)
+        n *= (size_t)pg->size;
+    if (n == 0)
+        return BRAID_OK;
+    if (coll->kind == BRAID_COLL_ALLREDUCE) {
+        /* recv is the natural home of the scaled input; in place stays so. */
+        braid__reduce_premul(coll->dtype, coll->recv, coll->send, n, coll->scalar);
+        coll->send = coll->recv;
+        return BRAID_OK;
+    }
+    /* Reduce (recv exists on the root only) and reduce-scatter (recv is one
+     * block): a scaled copy of the whole input. */
+    void *p = malloc(n * esize);
+    if (!p)
+        return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: %s: out of memory for the %zu-byte scaled copy of the input",
+                            pg->rank, braid__coll_name(coll->kind), n * esize);
+    braid__reduce_premul(coll->dtype, p, coll->send, n, coll->scalar);
+    coll->send = p;
+    *scratch = p;
+    return BRAID_OK;
+}
+
+static braid_status check_scalar(braid_pg *pg, const char *name, const void *scalar)
+{
+    BRAID_CHECK(braid__pg_check_handle(pg, name));
+    if (!scalar)
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: scalar is NULL", pg->rank, name);
+    return BRAID_OK;
+}
+
+BRAID_API braid_status braid_allreduce_mulsum(braid_pg *pg, const void *send, void *recv, size_t count,
+                                              braid_dtype dtype, const void *scalar, void *cuda_stream,
+                                              braid_work **work)
+{
+    const char *name = "allreduce_mulsum";
+    BRAID_CHECK(check_scalar(pg, name, scalar));
+    if (count > 0 && ((send && braid__mem_is_device(send)) || (recv && braid__mem_is_device(recv))))
+        return braid__error(BRAID_ERR_UNSUPPORTED,
+                            "rank %d: %s: CUDA device buffers are not supported yet: copy them to host memory",
+                            pg->rank, name);
+    return braid__allreduce_submit(pg, name, send, recv, count, dtype, BRAID_MULSUM, scalar, cuda_stream, work);
+}
+
+BRAID_API braid_status braid_reduce_mulsum(braid_pg *pg, const void *send, void *recv, size_t count,
+                                           braid_dtype dtype, const void *scalar, int root, void *cuda_stream,
+                                           braid_work **work)
+{
+    BRAID_CHECK(check_scalar(pg, "reduce_mulsum", scalar));
+    return braid__reduce_submit(pg, send, recv, count, dtype, BRAID_MULSUM, scalar, root, cuda_stream, work);
+}
+
+BRAID_API braid_status braid_reduce_scatter_mulsum(braid_pg *pg, const void *send, void *recv, size_t recvcount,
+                                                   braid_dtype dtype, const void *scalar, void *cuda_stream,
+                                                   braid_work **work)
+{
+    BRAID_CHECK(check_scalar(pg, "reduce_scatter_mulsum", scalar));
+    return braid__reduce_scatter_submit(pg, send, recv, recvcount, dtype, BRAID_MULSUM, scalar, cuda_stream, work);
+}
