@@ -36,6 +36,7 @@ typedef struct braid_coll {
     struct braid_coll *ops; /* GROUP: the recorded calls; the job owns them */
     int nops;
     struct braid_hmem_job *hmem; /* device buffers: staging job (src/hmem.h); the job owns it */
+    const char *refused; /* set: this rank refused the call, for this reason; tell the peers (src/refuse.h) */
 } braid_coll;
 
 struct braid_work {
