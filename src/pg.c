@@ -697,7 +697,8 @@ static braid_status check_buffer_args(braid_pg *pg, const char *op, const void *
     if (count > SIZE_MAX / esize / 2)
         return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: count %zu overflows", pg->rank, op, count);
     if (count > 0 && (!a || !b))
-        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: NULL buffer with count %zu", pg->rank, op, count);
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: %s is NULL with count %zu", pg->rank, op,
+                            a == b ? "buf" : !a ? "send" : "recv", count);
     return BRAID_OK;
 }
 

@@ -27,10 +27,6 @@ typedef struct {
         int peer;
         int posted;
     } fp_in;
-    /* A peer's fingerprint said it refused the call (src/refuse.h): who,
-     * and the fingerprint, for dispatch to explain; -1: none. */
-    int refused_by;
-    uint8_t refused_fp[BRAID_FP_BYTES];
 } braid_algo_run;
 
 void braid__algo_run_init(braid_algo_run *run, braid_pg *pg, const braid_coll *coll);
@@ -70,12 +66,6 @@ braid_status braid__fp_check(braid_algo_run *run, int peer, const uint8_t theirs
  * not compared: a host rank may join the call; it tells a neighbour with
  * a device link (src/devlink.c) whether to move the data over it. */
 void braid__fp_set_dring(uint8_t fp[BRAID_FP_BYTES]);
-/* A refusal (src/refuse.h): the flag, a reason code, the argument it
- * concerns and one value, in the fingerprint's spare bytes; and reading
- * them back (0 when fp is not a well-formed refusal). */
-void braid__fp_set_refused(uint8_t fp[BRAID_FP_BYTES], uint8_t code, uint8_t arg, uint64_t value);
-int braid__fp_refused(const uint8_t fp[BRAID_FP_BYTES], uint64_t *seq, int *kind, int *code, int *arg,
-                      uint64_t *value);
 int braid__fp_dring(const uint8_t fp[BRAID_FP_BYTES]);
 
 /* Ring neighbours joined by a device link also send their fingerprint

@@ -41,7 +41,6 @@ void braid__algo_run_init(braid_algo_run *run, braid_pg *pg, const braid_coll *c
     run->deadline_ms = braid__now_ms() + pg->timeout_ms;
     run->name = braid__coll_name(coll->kind);
     run->fp_in.posted = 0;
-    run->refused_by = -1;
     run->spin_until_us = run->last_wait_us = 0;
 }
 
@@ -294,36 +293,6 @@ int braid__fp_dring(const uint8_t fp[BRAID_FP_BYTES])
     return (fp[FP_FLAGS_BYTE] & FP_FLAG_DRING) != 0;
 }
 
-/* Refusal fields in the padding: code u8 at 28, argument u8 at 29, value
- * u64 at 30; zero in every other fingerprint. */
-#define FP_FLAG_REFUSED 2u
-#define FP_REFUSAL_AT 28
-#define FP_REFUSAL_CODE_MAX 6 /* BRAID_REFUSED_MAX */
-
-void braid__fp_set_refused(uint8_t fp[BRAID_FP_BYTES], uint8_t code, uint8_t arg, uint64_t value)
-{
-    fp[FP_FLAGS_BYTE] |= FP_FLAG_REFUSED;
-    fp[FP_REFUSAL_AT] = code;
-    fp[FP_REFUSAL_AT + 1] = arg;
-    put_u64(fp + FP_REFUSAL_AT + 2, value);
-}
-
-int braid__fp_refused(const uint8_t fp[BRAID_FP_BYTES], uint64_t *seq, int *kind, int *code, int *arg,
-                      uint64_t *value)
-{
-    fingerprint f;
-    fp_decode(fp, &f);
-    if (f.magic != FP_MAGIC || !(fp[FP_FLAGS_BYTE] & FP_FLAG_REFUSED) || fp[FP_REFUSAL_AT] < 1 ||
-        fp[FP_REFUSAL_AT] > FP_REFUSAL_CODE_MAX || fp[FP_REFUSAL_AT + 1] > 3)
-        return 0;
-    *seq = f.seq;
-    *kind = f.kind;
-    *code = fp[FP_REFUSAL_AT];
-    *arg = fp[FP_REFUSAL_AT + 1];
-    *value = get_u64(fp + FP_REFUSAL_AT + 2);
-    return 1;
-}
-
 braid_status braid__fp_back_start(braid_algo_run *run, braid_fp_back *b, const uint8_t mine[BRAID_FP_BYTES], int prev,
                                   int next)
 {
@@ -372,12 +341,6 @@ braid_status braid__fp_check(braid_algo_run *run, int peer, const uint8_t theirs
     if (other.magic != FP_MAGIC)
         return braid__error(BRAID_ERR_PEER, "rank %d: %s #%" PRIu64 ": peer %d sent a malformed call header",
                             run->pg->rank, run->name, run->coll->seq, peer);
-    if (theirs[FP_FLAGS_BYTE] & FP_FLAG_REFUSED) { /* dispatch names it (src/refuse.h) */
-        run->refused_by = peer;
-        memcpy(run->refused_fp, theirs, BRAID_FP_BYTES);
-        return braid__error_quiet(BRAID_ERR_PEER, "rank %d: %s #%" PRIu64 ": peer %d refused the call",
-                                  run->pg->rank, run->name, run->coll->seq, peer);
-    }
     if (mine.kind == other.kind && mine.op == other.op && mine.dtype == other.dtype &&
         mine.root == other.root && mine.count == other.count && mine.seq == other.seq)
         return BRAID_OK;

@@ -147,7 +147,7 @@ static braid_status run_one(braid_pg *pg, braid_coll *coll)
     braid_algo_run run;
     braid__algo_run_init(&run, pg, coll);
     braid_status st = braid__fp_explain(&run, run_algo(pg, coll, &run));
-    return braid__refusal_explain(pg, coll, run.refused_by, run.refused_fp, st);
+    return braid__refusal_explain(pg, coll, st);
 }
 
 /* A group runs in issue order; each run of consecutive sends and receives
