@@ -4,6 +4,7 @@
 #include <stdint.h>
 
 #include "coll_check.h"
+#include "refuse.h"
 #include "hmem.h"
 #include "pg.h"
 #include "status.h"
@@ -68,7 +69,7 @@ braid_status braid__check_ptr(const braid_pg *pg, const char *name, const char *
     return BRAID_OK;
 }
 
-BRAID_API braid_status braid_reduce(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
+static braid_status reduce_checked(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
                                     braid_op op, int root, void *cuda_stream, braid_work **work)
 {
     return braid__reduce_submit(pg, send, recv, count, dtype, op, NULL, root, cuda_stream, work);
@@ -103,7 +104,7 @@ braid_status braid__reduce_submit(braid_pg *pg, const void *send, void *recv, si
     return braid__work_submit(pg, &c, work);
 }
 
-BRAID_API braid_status braid_allgather(braid_pg *pg, const void *send, void *recv, size_t sendcount, braid_dtype dtype,
+static braid_status allgather_checked(braid_pg *pg, const void *send, void *recv, size_t sendcount, braid_dtype dtype,
                                        void *cuda_stream, braid_work **work)
 {
     BRAID_CHECK(braid__check_common(pg, "allgather", sendcount, 1, dtype, cuda_stream));
@@ -127,7 +128,7 @@ BRAID_API braid_status braid_allgather(braid_pg *pg, const void *send, void *rec
     return braid__work_submit(pg, &c, work);
 }
 
-BRAID_API braid_status braid_reduce_scatter(braid_pg *pg, const void *send, void *recv, size_t recvcount,
+static braid_status reduce_scatter_checked(braid_pg *pg, const void *send, void *recv, size_t recvcount,
                                             braid_dtype dtype, braid_op op, void *cuda_stream, braid_work **work)
 {
     return braid__reduce_scatter_submit(pg, send, recv, recvcount, dtype, op, NULL, cuda_stream, work);
@@ -204,4 +205,28 @@ BRAID_API braid_status braid_recv(braid_pg *pg, void *buf, size_t count, braid_d
                     .root = -1,
                     .peer = peer};
     return braid__work_submit(pg, &c, work);
+}
+
+BRAID_API braid_status braid_reduce(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
+                                    braid_op op, int root, void *cuda_stream, braid_work **work)
+{
+    braid_status st = reduce_checked(pg, send, recv, count, dtype, op, root, cuda_stream, work);
+    braid_coll c = {.kind = BRAID_COLL_REDUCE, .send = send, .recv = recv, .count = count, .dtype = dtype, .op = op, .root = root};
+    return st == BRAID_ERR_INVALID_ARG ? braid__coll_refuse(pg, &c, st) : st;
+}
+
+BRAID_API braid_status braid_allgather(braid_pg *pg, const void *send, void *recv, size_t sendcount, braid_dtype dtype,
+                                       void *cuda_stream, braid_work **work)
+{
+    braid_status st = allgather_checked(pg, send, recv, sendcount, dtype, cuda_stream, work);
+    braid_coll c = {.kind = BRAID_COLL_ALLGATHER, .send = send, .recv = recv, .count = sendcount, .dtype = dtype, .op = BRAID_SUM, .root = -1};
+    return st == BRAID_ERR_INVALID_ARG ? braid__coll_refuse(pg, &c, st) : st;
+}
+
+BRAID_API braid_status braid_reduce_scatter(braid_pg *pg, const void *send, void *recv, size_t recvcount,
+                                            braid_dtype dtype, braid_op op, void *cuda_stream, braid_work **work)
+{
+    braid_status st = reduce_scatter_checked(pg, send, recv, recvcount, dtype, op, cuda_stream, work);
+    braid_coll c = {.kind = BRAID_COLL_REDUCE_SCATTER, .send = send, .recv = recv, .count = recvcount, .dtype = dtype, .op = op, .root = -1};
+    return st == BRAID_ERR_INVALID_ARG ? braid__coll_refuse(pg, &c, st) : st;
 }

@@ -18,6 +18,7 @@
 #include "pg.h"
 #include "pg_rendezvous.h"
 #include "pg_shrink.h"
+#include "refuse.h"
 #include "status.h"
 #include "transport.h"
 #include "hmem.h"
@@ -698,12 +699,13 @@ static braid_status check_buffer_args(braid_pg *pg, const char *op, const void *
     if (count > SIZE_MAX / esize / 2)
         return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: count %zu overflows", pg->rank, op, count);
     if (count > 0 && (!a || !b))
-        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: NULL buffer with count %zu", pg->rank, op, count);
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: %s is NULL with count %zu", pg->rank, op,
+                            a == b ? "buf" : !a ? "send" : "recv", count);
     return BRAID_OK;
 }
 
-BRAID_API braid_status braid_allreduce(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
-                                       braid_op op, void *cuda_stream, braid_work **work)
+static braid_status allreduce_checked(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
+                                      braid_op op, void *cuda_stream, braid_work **work)
 {
     return braid__allreduce_submit(pg, "allreduce", send, recv, count, dtype, op, NULL, cuda_stream, work);
 }
@@ -725,8 +727,8 @@ braid_status braid__allreduce_submit(braid_pg *pg, const char *name, const void 
     return braid__hmem_submit(pg, &c, cuda_stream, work); /* host memory: braid__work_submit */
 }
 
-BRAID_API braid_status braid_broadcast(braid_pg *pg, void *buf, size_t count, braid_dtype dtype, int root,
-                                       void *cuda_stream, braid_work **work)
+static braid_status broadcast_checked(braid_pg *pg, void *buf, size_t count, braid_dtype dtype, int root,
+                                      void *cuda_stream, braid_work **work)
 {
     BRAID_CHECK(check_buffer_args(pg, "broadcast", buf, buf, count, dtype));
     if (root < 0 || root >= pg->size)
@@ -735,4 +737,23 @@ BRAID_API braid_status braid_broadcast(braid_pg *pg, void *buf, size_t count, br
     braid_coll c = {.kind = BRAID_COLL_BROADCAST, .send = buf, .recv = buf, .count = count, .dtype = dtype,
                     .op = BRAID_SUM, .root = root};
     return braid__hmem_submit(pg, &c, cuda_stream, work); /* host memory: braid__work_submit */
+}
+
+/* A call its checks refuse is refused to the peers as well (refuse.h). */
+BRAID_API braid_status braid_allreduce(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
+                                       braid_op op, void *cuda_stream, braid_work **work)
+{
+    braid_status st = allreduce_checked(pg, send, recv, count, dtype, op, cuda_stream, work);
+    braid_coll c = {.kind = BRAID_COLL_ALLREDUCE, .send = send, .recv = recv, .count = count, .dtype = dtype,
+                    .op = op, .root = -1};
+    return st == BRAID_ERR_INVALID_ARG ? braid__coll_refuse(pg, &c, st) : st;
+}
+
+BRAID_API braid_status braid_broadcast(braid_pg *pg, void *buf, size_t count, braid_dtype dtype, int root,
+                                       void *cuda_stream, braid_work **work)
+{
+    braid_status st = broadcast_checked(pg, buf, count, dtype, root, cuda_stream, work);
+    braid_coll c = {.kind = BRAID_COLL_BROADCAST, .send = buf, .recv = buf, .count = count, .dtype = dtype,
+                    .op = BRAID_SUM, .root = root};
+    return st == BRAID_ERR_INVALID_ARG ? braid__coll_refuse(pg, &c, st) : st;
 }

@@ -38,6 +38,7 @@ typedef struct braid_coll {
     struct braid_hmem_job *hmem; /* device buffers: staging job (src/hmem.h); the job owns it */
     int premul;                  /* MULSUM: send is still to be multiplied by scalar (src/mulsum.c) */
     unsigned char scalar[8];     /* MULSUM: this rank's scalar, one element of dtype */
+    const char *refused; /* set: this rank refused the call, for this reason; tell the peers (src/refuse.h) */
 } braid_coll;
 
 struct braid_work {

@@ -157,6 +157,10 @@ braid_status braid__pg_rendezvous(braid_pg *pg, const braid_rendezvous *rv)
                                .checksum = (uint8_t)(pg->checksum != 0),
                                .secret_id = braid__secret_id(rv->secret)};
     snprintf(params.job_id, sizeof(params.job_id), "%s", rv->job_id);
+    if (rv->has_claim_key) {
+        memcpy(params.claim_key, rv->claim_key, sizeof(params.claim_key));
+        params.has_claim_key = 1;
+    }
     const braid_job_params *job = rv->secret_source != BRAID_SECRET_UNSTATED ? &params : NULL;
     if (pg->rank == 0)
         BRAID_CHECK(serve_store(pg, rv, job));

@@ -278,6 +278,40 @@ static braid_status serve(braid_pg *pg, struct braid_shrink *s, int64_t deadline
     return braid__store_attach(conn, s->addr[pg->rank], pg->ctx.secret, pg->rank, braid__ms_until(deadline), store);
 }
 
+int braid__shrink_notice_send(braid_pg *pg, const char *key, const void *value, size_t len, int budget_ms)
+{
+    struct braid_shrink *s = pg->shrink;
+    int64_t deadline = braid__now_ms() + budget_ms;
+    int told = 0;
+    for (int p = 0; s && p < pg->size && braid__ms_until(deadline) > 0; p++) {
+        int fd, err;
+        braid_store *st = NULL;
+        int64_t one = braid__now_ms() + PROBE_CONNECT_MS;
+        if (p == pg->rank || probe(s->addr[p], one < deadline ? one : deadline, &fd, &err) != PROBE_LIVE)
+            continue;
+        int left = braid__ms_until(deadline);
+        if (braid__store_attach(fd, s->addr[p], pg->ctx.secret, pg->rank, left > 0 ? left : 1, &st) != BRAID_OK)
+            continue;
+        told += braid__store_set(st, key, value, len) == BRAID_OK;
+        braid__store_close(st);
+    }
+    braid__error_clear();
+    return told;
+}
+
+braid_status braid__shrink_notice_wait(braid_pg *pg, const char *key, void *value, size_t cap, size_t *len,
+                                       int wait_ms)
+{
+    struct braid_shrink *s = pg->shrink;
+    if (!s)
+        return braid__error_quiet(BRAID_ERR_INTERNAL, "rank %d: no shrink socket", pg->rank);
+    braid_store *st;
+    BRAID_CHECK(serve(pg, s, braid__now_ms() + PROBE_AUTH_MS, &st));
+    braid_status rc = braid__store_get(st, key, value, cap, len, wait_ms);
+    braid__store_close(st);
+    return rc;
+}
+
 /* After a connect (PROBE_LIVE, fd): does the endpoint prove membership?
  * PROBE_LIVE with the authenticated store in *store (closed when store is
  * NULL); PROBE_DEAD when it cannot prove it (why in the error text);

@@ -20,6 +20,16 @@ void braid__shrink_release(braid_pg *pg);
  * diagnostics and the tests that squat it. */
 const char *braid__shrink_addr(const braid_pg *pg, int p);
 
+/* Notices between members outside the data links (src/refuse.h), through
+ * the store every rank serves on its shrink socket, authenticated with
+ * the group's secret. Send: set key = value in every other rank's store,
+ * within budget_ms in all (a rank that cannot be reached is skipped);
+ * returns how many took it. Wait: read key from this rank's own store,
+ * waiting at most wait_ms for it to appear. */
+int braid__shrink_notice_send(braid_pg *pg, const char *key, const void *value, size_t len, int budget_ms);
+braid_status braid__shrink_notice_wait(braid_pg *pg, const char *key, void *value, size_t cap, size_t *len,
+                                       int wait_ms);
+
 /* Make a group from a rendezvous (pg.c): what braid_pg_init does after
  * decoding the unique id. */
 braid_status braid__pg_create(braid_pg **pg, int rank, int size, const braid_rendezvous *rv, const braid_config *cfg);

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -39,6 +40,22 @@ static long now_ms(void)
 }
 
 
+/* Variables set on every rank, then on the odd rank only: name, value
+ * pairs, NULL-terminated (a NULL value unsets). */
+#define ODD_RANK 2
+static const char *all_env[9];
+static const char *odd_env[9];
+
+static void apply_env(const char *const *pairs)
+{
+    for (int i = 0; pairs[i]; i += 2) {
+        if (pairs[i + 1])
+            setenv(pairs[i], pairs[i + 1], 1);
+        else
+            unsetenv(pairs[i]);
+    }
+}
+
 /* One rank: join after start_delay_ms, all-reduce once if that worked, and
  * write "status elapsed_ms error text" to out_fd. */
 static int rank_main(int rank, int master_port, int start_delay_ms, int out_fd)
@@ -50,6 +67,9 @@ static int rank_main(int rank, int master_port, int start_delay_ms, int out_fd)
     harness_setenv_int("MASTER_PORT", master_port);
     harness_setenv_int("RANK", rank);
     harness_setenv_int("WORLD_SIZE", world);
+    apply_env(all_env);
+    if (rank == ODD_RANK)
+        apply_env(odd_env);
     if (start_delay_ms > 0)
         usleep((useconds_t)start_delay_ms * 1000);
     braid_pg *pg = NULL;
@@ -264,6 +284,118 @@ START_TEST(test_init_timeout_separate)
 }
 END_TEST
 
+/* A private key file for the ranks (BRAID_KEY_FILE), 64 hex digits from
+ * seed, mode 0600. */
+static void make_key_file(char *path, size_t cap, int seed)
+{
+    snprintf(path, cap, "/tmp/braid-startup-key-%d-%d", (int)getpid(), seed);
+    unlink(path);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < 32; i++)
+        fprintf(f, "%02x", (unsigned)((seed * 37 + i * 11) & 0xff));
+    fputc('\n', f);
+    fclose(f);
+    ck_assert_int_eq(chmod(path, 0600), 0);
+}
+
+#define SECRET_A "00112233445566778899aabbccddeeff"
+#define SECRET_B "ffeeddccbbaa99887766554433221100"
+
+/* One parameter differs on rank 2. Every rank fails with BRAID_ERR_MISMATCH
+ * naming it and both values, long before the 30 s init timeout: the
+ * secret-bound ones through rank 2's claim proven by the shared key file. */
+static const struct {
+    const char *name;
+    const char *all[8];
+    const char *odd[8];
+    const char *cause; /* in every rank's error */
+    const char *odd_value, *rest_value;
+} mismatch_cases[] = {
+    {"world size", {NULL}, {"WORLD_SIZE", "4", NULL}, "WORLD_SIZE differs: ", "4 at rank 2", "3 at rank 0"},
+    {"launcher job id", {"TORCHELASTIC_RUN_ID", "job-a", NULL}, {"TORCHELASTIC_RUN_ID", "job-b", NULL},
+     "launcher job id differs: ", "'job-b' at rank 2", "'job-a' at rank 0"},
+    {"secret source", {NULL}, {"BRAID_JOB_SECRET", SECRET_B, NULL}, "job secret source differs: ",
+     "BRAID_JOB_SECRET at rank 2", "key file at rank 0"},
+    {"checksum", {"BRAID_CHECKSUM", "0", NULL}, {"BRAID_CHECKSUM", "1", NULL}, "BRAID_CHECKSUM differs: ",
+     "on at rank 2", "off at rank 0"},
+    {"job secret", {"BRAID_JOB_SECRET", SECRET_A, NULL}, {"BRAID_JOB_SECRET", SECRET_B, NULL},
+     "job secret differs (id ", "BRAID_JOB_SECRET differs", " at rank 0"},
+};
+
+START_TEST(test_params_mismatch)
+{
+    char key[128];
+    make_key_file(key, sizeof(key), 1);
+    int n = 0;
+    all_env[n++] = "BRAID_KEY_FILE";
+    all_env[n++] = key;
+    for (int i = 0; mismatch_cases[_i].all[i]; i += 2) {
+        all_env[n++] = mismatch_cases[_i].all[i];
+        all_env[n++] = mismatch_cases[_i].all[i + 1];
+    }
+    all_env[n] = NULL;
+    memcpy(odd_env, mismatch_cases[_i].odd, sizeof(mismatch_cases[_i].odd));
+    int port = harness_free_port_pair();
+    setenv("BRAID_INIT_TIMEOUT_MS", "30000", 1);
+    rank_result res[NRANKS];
+    run_ranks(port, 0x7, NULL, res);
+    printf("case %s\n", mismatch_cases[_i].name);
+    fflush(stdout);
+    for (int r = 0; r < world; r++) {
+        ck_assert_msg(res[r].status == BRAID_ERR_MISMATCH, "rank %d: status %d: %s", r, res[r].status,
+                      res[r].error);
+        ASSERT_HAS(res[r].error, mismatch_cases[_i].cause);
+        ASSERT_HAS(res[r].error, mismatch_cases[_i].odd_value);
+        ASSERT_HAS(res[r].error, mismatch_cases[_i].rest_value);
+        char who[16];
+        snprintf(who, sizeof(who), "rank %d: ", r);
+        ASSERT_HAS(res[r].error, who);
+        /* At once: not the init timeout, which is 30 s. */
+        ck_assert_msg(res[r].elapsed_ms < 5000, "rank %d failed after %ld ms", r, res[r].elapsed_ms);
+    }
+    /* Told once: the error is the caller's, not logged again. */
+    for (int r = 0; r < world; r++)
+        ck_assert_msg(count_of(res[r].error, mismatch_cases[_i].cause) == 1, "rank %d: %s", r, res[r].error);
+    unsetenv("BRAID_INIT_TIMEOUT_MS");
+    all_env[0] = odd_env[0] = NULL;
+    unlink(key);
+}
+END_TEST
+
+/* Rank 2 reads another key file: its secret differs, and its claim does
+ * not verify under rank 0's key. An unproven claim must not fail the job:
+ * rank 2 fails at once naming the cause; the others wait for a rank 2
+ * until the init timeout, as they would for any stranger. */
+START_TEST(test_unproven_claim_fails_nobody)
+{
+    char key_a[128], key_b[128];
+    make_key_file(key_a, sizeof(key_a), 1);
+    make_key_file(key_b, sizeof(key_b), 2);
+    const char *all[] = {"BRAID_KEY_FILE", key_a, NULL};
+    const char *odd[] = {"BRAID_KEY_FILE", key_b, NULL};
+    memcpy(all_env, all, sizeof(all));
+    memcpy(odd_env, odd, sizeof(odd));
+    int port = harness_free_port_pair();
+    setenv("BRAID_INIT_TIMEOUT_MS", "3000", 1);
+    rank_result res[NRANKS];
+    run_ranks(port, 0x7, NULL, res);
+    ck_assert_msg(res[2].status == BRAID_ERR_MISMATCH, "rank 2: status %d: %s", res[2].status, res[2].error);
+    ASSERT_HAS(res[2].error, "the hosts do not share the key file (BRAID_KEY_FILE)");
+    ck_assert_msg(res[2].elapsed_ms < 2000, "rank 2 failed after %ld ms", res[2].elapsed_ms);
+    for (int r = 0; r < 2; r++) {
+        ck_assert_msg(res[r].status == BRAID_ERR_TIMEOUT, "rank %d: status %d: %s", r, res[r].status, res[r].error);
+        ASSERT_HAS(res[r].error, "rank 2 never joined");
+        ck_assert_msg(res[r].elapsed_ms >= 2900, "rank %d failed after %ld ms", r, res[r].elapsed_ms);
+    }
+    ASSERT_HAS(res[0].log, "wrong proof");
+    unsetenv("BRAID_INIT_TIMEOUT_MS");
+    all_env[0] = odd_env[0] = NULL;
+    unlink(key_a);
+    unlink(key_b);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("startup");
@@ -274,6 +406,8 @@ int main(void)
     tcase_add_test(tc, test_store_port_in_use);
     tcase_add_test(tc, test_rank0_missing);
     tcase_add_test(tc, test_init_timeout_separate);
+    tcase_add_loop_test(tc, test_params_mismatch, 0, (int)(sizeof(mismatch_cases) / sizeof(mismatch_cases[0])));
+    tcase_add_test(tc, test_unproven_claim_fails_nobody);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -6,6 +6,7 @@
 #include "coll_check.h"
 #include "hmem.h"
 #include "log.h"
+#include "refuse.h"
 #include "status.h"
 
 /* Recursive doubling against the ring (docs/COLLECTIVES.md, "Choosing an
@@ -152,7 +153,7 @@ static braid_status run_one(braid_pg *pg, braid_coll *coll)
     braid__algo_run_init(&run, pg, coll);
     braid_status st = braid__fp_explain(&run, run_algo(pg, coll, &run));
     free(scratch);
-    return st;
+    return braid__refusal_explain(pg, coll, st);
 }
 
 /* A group runs in issue order; each run of consecutive sends and receives
@@ -182,6 +183,8 @@ static braid_status run_group(braid_pg *pg, braid_coll *group)
 
 braid_status braid__coll_run(braid_pg *pg, braid_coll *coll)
 {
+    if (coll->refused) /* this rank refused the call: tell the peers */
+        return braid__refusal_run(pg, coll);
     if (coll->hmem) /* device buffers: staged pieces come back here as host calls */
         return braid__hmem_coll_run(pg, coll);
     braid_status st = braid__pg_check_usable(pg, braid__coll_name(coll->kind));

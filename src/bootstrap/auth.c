@@ -18,6 +18,9 @@
  * by the same secret. */
 #define MAC_LABEL "braid-auth-v1"
 #define MAC_LABEL_LEN (sizeof(MAC_LABEL) - 1)
+/* Same length as MAC_LABEL: a claim is never a proof, nor the reverse. */
+#define CLAIM_LABEL "braid-claim-1"
+_Static_assert(sizeof(CLAIM_LABEL) == sizeof(MAC_LABEL), "labels of one length");
 
 braid_status braid__random_bytes(void *buf, size_t len)
 {
@@ -115,6 +118,8 @@ braid_status braid__hello_decode(const uint8_t *buf, size_t len, braid_hello *h)
     t.job.source = buf[48];
     t.job.checksum = buf[49];
     t.job.secret_id = get32(buf + 52);
+    t.job.has_claim_key = 0;
+    memset(t.job.claim_key, 0, sizeof(t.job.claim_key));
     memcpy(t.job.job_id, buf + 56, BRAID_JOB_ID_BYTES);
     t.job.job_id[BRAID_JOB_ID_BYTES] = '\0';
     if (t.version != BRAID_WIRE_VERSION)
@@ -133,12 +138,12 @@ braid_status braid__hello_decode(const uint8_t *buf, size_t len, braid_hello *h)
     return BRAID_OK;
 }
 
-braid_status braid__auth_mac(const uint8_t secret[BRAID_SECRET_BYTES], uint8_t role,
-                             const uint8_t hello_i[BRAID_HELLO_BYTES], const uint8_t hello_a[BRAID_HELLO_BYTES],
-                             uint8_t out[BRAID_MAC_BYTES])
+static braid_status labeled_mac(const char *label, const uint8_t secret[BRAID_SECRET_BYTES], uint8_t role,
+                                const uint8_t hello_i[BRAID_HELLO_BYTES], const uint8_t hello_a[BRAID_HELLO_BYTES],
+                                uint8_t out[BRAID_MAC_BYTES])
 {
     uint8_t msg[MAC_LABEL_LEN + 1 + 2 * BRAID_HELLO_BYTES];
-    memcpy(msg, MAC_LABEL, MAC_LABEL_LEN);
+    memcpy(msg, label, MAC_LABEL_LEN);
     msg[MAC_LABEL_LEN] = role;
     memcpy(msg + MAC_LABEL_LEN + 1, hello_i, BRAID_HELLO_BYTES);
     memcpy(msg + MAC_LABEL_LEN + 1 + BRAID_HELLO_BYTES, hello_a, BRAID_HELLO_BYTES);
@@ -146,6 +151,20 @@ braid_status braid__auth_mac(const uint8_t secret[BRAID_SECRET_BYTES], uint8_t r
     if (!HMAC(EVP_sha256(), secret, BRAID_SECRET_BYTES, msg, sizeof(msg), out, &len) || len != BRAID_MAC_BYTES)
         return braid__error(BRAID_ERR_SYSTEM, "HMAC-SHA256 failed in libcrypto");
     return BRAID_OK;
+}
+
+braid_status braid__auth_mac(const uint8_t secret[BRAID_SECRET_BYTES], uint8_t role,
+                             const uint8_t hello_i[BRAID_HELLO_BYTES], const uint8_t hello_a[BRAID_HELLO_BYTES],
+                             uint8_t out[BRAID_MAC_BYTES])
+{
+    return labeled_mac(MAC_LABEL, secret, role, hello_i, hello_a, out);
+}
+
+braid_status braid__auth_claim(const uint8_t claim_key[BRAID_SECRET_BYTES], uint8_t role,
+                               const uint8_t hello_i[BRAID_HELLO_BYTES], const uint8_t hello_a[BRAID_HELLO_BYTES],
+                               uint8_t out[BRAID_MAC_BYTES])
+{
+    return labeled_mac(CLAIM_LABEL, claim_key, role, hello_i, hello_a, out);
 }
 
 braid_status braid__auth_mac_check(const uint8_t secret[BRAID_SECRET_BYTES], uint8_t role,
@@ -291,8 +310,17 @@ braid_status braid__auth_initiate(int fd, const uint8_t secret[BRAID_SECRET_BYTE
     char me[32], them[32];
     snprintf(me, sizeof(me), "rank %d (here)", self->rank);
     snprintf(them, sizeof(them), "rank %d", h.rank);
-    if (braid__job_params_diff(&self->job, me, &h.job, them, reason, sizeof(reason), &bound) && bound)
+    if (braid__job_params_diff(&self->job, me, &h.job, them, reason, sizeof(reason), &bound) && bound) {
+        /* Tell the acceptor why, in a form it can verify (a claim under
+         * the key file's key), so the rest of the job stops too. Best
+         * effort: our own error is the same either way. */
+        if (self->job.has_claim_key &&
+            braid__auth_claim(self->job.claim_key, self->role, raw_i, raw_a, mac) == BRAID_OK) {
+            (void)braid__sock_write_full(fd, mac, sizeof(mac), deadline_ms, what);
+            OPENSSL_cleanse(mac, sizeof(mac));
+        }
         return braid__error(BRAID_ERR_MISMATCH, "%s: %s", what, reason);
+    }
     BRAID_CHECK(braid__auth_mac(secret, self->role, raw_i, raw_a, mac));
     braid_status st = braid__sock_write_full(fd, mac, sizeof(mac), deadline_ms, what);
     OPENSSL_cleanse(mac, sizeof(mac));
@@ -365,6 +393,16 @@ void braid__auth_accept_finish(braid_auth_accept *hs, uint32_t result)
     hs->pos = 0;
     hs->len = BRAID_MAC_BYTES + BRAID_RESULT_BYTES;
     hs->state = BRAID_AUTH_SEND_RESULT;
+}
+
+int braid__auth_claim_valid(const braid_auth_accept *hs, const uint8_t claim_key[BRAID_SECRET_BYTES])
+{
+    uint8_t want[BRAID_MAC_BYTES];
+    if (!hs->bad_proof || braid__auth_claim(claim_key, hs->peer_role, hs->raw_i, hs->raw_a, want) != BRAID_OK)
+        return 0;
+    int same = CRYPTO_memcmp(want, hs->buf, BRAID_MAC_BYTES) == 0;
+    OPENSSL_cleanse(want, sizeof(want));
+    return same;
 }
 
 void braid__auth_accept_clear(braid_auth_accept *hs)

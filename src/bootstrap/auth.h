@@ -23,6 +23,19 @@
  * in all but one of them are told which one, with both values, instead of
  * "wrong proof" (braid__job_params_diff).
  *
+ * Mismatch claims. When a parameter the secret derives from differs (secret
+ * source, launcher job id, the secret itself), the initiator cannot prove
+ * the job secret, and the acceptor would learn nothing but "wrong proof".
+ * So in place of its proof the initiator sends a claim:
+ *   claim = HMAC(claim key, claim label | role | hello_i | hello_a)
+ * where the claim key derives from the user's key file (job_secret.c),
+ * which both sides hold whatever their job secrets. An acceptor whose own
+ * claim key verifies it knows the claimant is a process of the same user
+ * whose parameters differ as its hello says, and may fail the job with the
+ * named cause (store_server.c). Without a key file on both sides the claim
+ * is unproven and counts as a wrong proof: a stranger's word never fails a
+ * job (docs/RELIABILITY.md).
+ *
  * Message encode/decode are pure functions over byte buffers, with every
  * length and range checked, so fuzz targets can drive them directly. */
 #ifndef BRAID_AUTH_H
@@ -80,6 +93,10 @@ typedef struct {
     uint8_t checksum;                    /* BRAID_CHECKSUM on (1) or off (0) */
     uint32_t secret_id;                  /* braid__secret_id(): tells secrets apart, reveals none */
     char job_id[BRAID_JOB_ID_BYTES + 1]; /* launcher's job id, printable, "" when none */
+    /* Not on the wire: the key of this side's mismatch claims (below), from
+     * the user's key file; has_claim_key 0 when there is none. */
+    uint8_t claim_key[BRAID_SECRET_BYTES];
+    uint8_t has_claim_key;
 } braid_job_params;
 
 /* Hello message. Wire layout (big endian, 88 bytes):
@@ -131,6 +148,11 @@ braid_status braid__hello_decode(const uint8_t *buf, size_t len, braid_hello *he
 braid_status braid__auth_mac(const uint8_t secret[BRAID_SECRET_BYTES], uint8_t role,
                              const uint8_t hello_i[BRAID_HELLO_BYTES], const uint8_t hello_a[BRAID_HELLO_BYTES],
                              uint8_t out[BRAID_MAC_BYTES]);
+
+/* A mismatch claim over the two raw hellos (see the top of this file). */
+braid_status braid__auth_claim(const uint8_t claim_key[BRAID_SECRET_BYTES], uint8_t role,
+                               const uint8_t hello_i[BRAID_HELLO_BYTES], const uint8_t hello_a[BRAID_HELLO_BYTES],
+                               uint8_t out[BRAID_MAC_BYTES]);
 
 /* Constant-time check of a received proof: BRAID_OK or BRAID_ERR_AUTH. */
 braid_status braid__auth_mac_check(const uint8_t secret[BRAID_SECRET_BYTES], uint8_t role,
@@ -202,6 +224,11 @@ short braid__auth_accept_events(const braid_auth_accept *hs);
 
 /* Give the verdict on a VERIFIED initiator. */
 void braid__auth_accept_finish(braid_auth_accept *hs, uint32_t result);
+
+/* After a wrong proof (hs->bad_proof): 1 when what the initiator sent is a
+ * valid mismatch claim under claim_key, so its hello's job parameters are
+ * those of a process of this user. */
+int braid__auth_claim_valid(const braid_auth_accept *hs, const uint8_t claim_key[BRAID_SECRET_BYTES]);
 
 /* Forget the secret copy (call when done with hs). */
 void braid__auth_accept_clear(braid_auth_accept *hs);

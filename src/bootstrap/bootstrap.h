@@ -21,6 +21,11 @@ typedef struct {
      * a silent program on it can only be a stranger. */
     char port_source[48];
     int bound_at_init;
+    /* Key for a mismatch claim (auth.h): derived from the user's key file,
+     * which every rank of the user's jobs shares whatever its job secret,
+     * so a rank whose secret differs can still prove it is one of ours. */
+    uint8_t claim_key[BRAID_SECRET_BYTES];
+    int has_claim_key;
 } braid_rendezvous;
 
 /* Decode and validate a unique id. */
@@ -38,6 +43,10 @@ braid_status braid__key_file_path(char *path, size_t cap);
 /* Read the 32-byte key at path, making it (mode 0600) when missing; refuses
  * a file that is a link, not ours, or readable by others. */
 braid_status braid__key_load(const char *path, uint8_t key[32]);
+/* The mismatch-claim key of the user's key file (auth.h): from key when
+ * given, else from the key file when it exists and is ours (never made
+ * here). 0 when there is none. */
+int braid__claim_key(const uint8_t *key, uint8_t out[BRAID_SECRET_BYTES]);
 
 /* The listening socket braid_unique_id() bound for port, if this process
  * (or its parent, before fork) made it; -1 otherwise. The caller owns it.

@@ -214,15 +214,51 @@ braid_status braid__key_load(const char *path, uint8_t key[KEY_BYTES])
     return braid__error(BRAID_ERR_SYSTEM, "%s appeared and vanished while being made", path);
 }
 
+int braid__claim_key(const uint8_t *key, uint8_t out[BRAID_SECRET_BYTES])
+{
+    static const char label[] = "braid-mismatch-claim-v1";
+    uint8_t own[KEY_BYTES], digest[SHA256_DIGEST_LENGTH];
+    if (!key) {
+        char path[4096];
+        const char *set = braid__param_str("BRAID_KEY_FILE");
+        if (set && strcmp(set, "none") == 0)
+            return 0;
+        if (braid__key_file_path(path, sizeof(path)) != BRAID_OK) {
+            braid__error_clear();
+            return 0;
+        }
+        int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0)
+            return 0;
+        braid_status st = key_read_fd(fd, path, own);
+        close(fd);
+        if (st != BRAID_OK) {
+            braid__error_clear();
+            return 0;
+        }
+        key = own;
+    }
+    unsigned int len = 0;
+    uint8_t *ok = HMAC(EVP_sha256(), key, KEY_BYTES, (const unsigned char *)label, sizeof(label) - 1, digest, &len);
+    OPENSSL_cleanse(own, sizeof(own));
+    if (!ok || len != sizeof(digest))
+        return 0;
+    memcpy(out, digest, BRAID_SECRET_BYTES);
+    OPENSSL_cleanse(digest, sizeof(digest));
+    return 1;
+}
+
 braid_status braid__job_secret_env(int rank, braid_rendezvous *rv)
 {
     job_id_text(rv->job_id);
+    rv->has_claim_key = 0;
     const char *secret_hex = braid__param_str("BRAID_JOB_SECRET");
     if (secret_hex) {
         if (hex_decode(secret_hex, strlen(secret_hex), rv->secret, BRAID_SECRET_BYTES) != 0)
             return braid__error(BRAID_ERR_INVALID_ARG, "BRAID_JOB_SECRET must be %d hex digits",
                                 2 * BRAID_SECRET_BYTES);
         rv->secret_source = BRAID_SECRET_ENV;
+        rv->has_claim_key = braid__claim_key(NULL, rv->claim_key);
         return BRAID_OK;
     }
 
@@ -241,6 +277,7 @@ braid_status braid__job_secret_env(int rank, braid_rendezvous *rv)
             public_text("braid-job-secret-v2", rv, text, sizeof(text));
             unsigned int len = 0;
             uint8_t *ok = HMAC(EVP_sha256(), key, KEY_BYTES, (const unsigned char *)text, strlen(text), digest, &len);
+            rv->has_claim_key = braid__claim_key(key, rv->claim_key);
             OPENSSL_cleanse(key, sizeof(key));
             if (ok && len == sizeof(digest)) {
                 memcpy(rv->secret, digest, BRAID_SECRET_BYTES);

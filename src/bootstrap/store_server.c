@@ -5,6 +5,7 @@
  * blocks anybody else; an unauthenticated one is dropped at its deadline. */
 #include <errno.h>
 #include <fcntl.h>
+#include <openssl/crypto.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -364,9 +365,40 @@ static uint32_t judge(braid_store_server *s, client *c)
     return BRAID_AUTH_REJECT_PARAMS;
 }
 
+/* A wrong proof that is a valid mismatch claim (auth.h) from a process
+ * of this user for a rank no member holds: its parameters, which the
+ * secret derives from, differ from the job's, so that rank can never
+ * join. Fail the job with the cause, as for a proven member (judge).
+ * Returns 1 when the claim was taken. */
+static int take_claim(braid_store_server *s, client *c)
+{
+    const braid_hello *h = &c->hs.peer;
+    if (!s->job.has_claim_key || s->failed[0] || h->job.size == 0 || h->rank <= 0 ||
+        (uint32_t)h->rank >= s->job.size || !braid__auth_claim_valid(&c->hs, s->job.claim_key))
+        return 0;
+    for (client *o = s->clients; o; o = o->next)
+        if (o != c && o->rank == h->rank && o->state != CL_DEAD)
+            return 0; /* a member holds that rank: this is another job's */
+    char why[384], name[32];
+    int bound;
+    snprintf(name, sizeof(name), "rank %d", h->rank);
+    if (!braid__job_params_diff(&h->job, name, &s->job, "rank 0 (the store)", why, sizeof(why), &bound) || !bound)
+        return 0;
+    char text[448];
+    snprintf(text, sizeof(text), "job parameters differ: %s", why);
+    fail_job(s, text);
+    mark_told(s, h->rank); /* it found the difference itself, from our hello */
+    return 1;
+}
+
 static void step_handshake(braid_store_server *s, client *c)
 {
     if (braid__auth_accept_step(&c->hs, c->fd) != BRAID_OK) {
+        if (c->hs.bad_proof && take_claim(s, c)) {
+            client_proven(s, c);
+            client_drop(c, BRAID_LOG_INFO, "rank with different job parameters (claim proven by the key file)");
+            return;
+        }
         if (c->hs.bad_proof) {
             /* Hold the connection, silent, before the close. */
             int delay = braid__admit_fail(&s->admit, c->host, braid__now_ms());
@@ -756,6 +788,7 @@ void braid__store_server_stop_drained(braid_store_server *s, int grace_ms)
     kv_free(s);
     braid__admit_free(&s->admit);
     free(s->told);
+    OPENSSL_cleanse(&s->job, sizeof(s->job));
     free(s->pfds);
     free(s->pclients);
     close(s->wake[0]);

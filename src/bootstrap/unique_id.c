@@ -156,6 +156,7 @@ braid_status braid__unique_id_decode(const braid_unique_id_t *id, braid_rendezvo
     memcpy(rv->secret, l.secret, sizeof(rv->secret));
     rv->secret_source = BRAID_SECRET_UNIQUE_ID;
     rv->job_id[0] = '\0';
+    rv->has_claim_key = 0; /* a unique id's ranks share no key file to prove a claim with */
     rv->local_rank = -1;
     snprintf(rv->port_source, sizeof(rv->port_source), "the unique id");
     rv->bound_at_init = 0;

@@ -1,0 +1,218 @@
+/* Refused calls: the notice to the peers and its reading (refuse.h). */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "algo/algo.h" /* braid__coll_name */
+#include "log.h"
+#include "pg.h"
+#include "pg_shrink.h"
+#include "refuse.h"
+#include "status.h"
+
+/* Longest the refusing rank spends leaving notices in its peers' stores. */
+#define NOTICE_SEND_MS 2000
+/* After a peer's close: how long to wait for a notice. The refusing rank
+ * left its notices before it closed a link, so one is there already; this
+ * bounds only what a plain close (a peer that died) pays. */
+#define NOTICE_WAIT_MS 50
+
+#define NOTICE_MAGIC "BRFN"
+#define NOTICE_BYTES 36
+/* magic[4] | rank u32 | kind u8 | code u8 | arg u8 | 0 u8 | seq u64 |
+ * pg_tag u64 | value u64; big endian. */
+
+typedef enum {
+    REFUSED_OTHER = 1,    /* a check without a code (overlap, device memory...) */
+    REFUSED_NULL_BUF = 2, /* arg: which buffer; value: the count */
+    REFUSED_DTYPE = 3,    /* value: the dtype */
+    REFUSED_OP = 4,       /* value: the op */
+    REFUSED_ROOT = 5,     /* value: the root */
+    REFUSED_COUNT = 6,    /* value: the count, which overflows */
+    REFUSED_MAX = REFUSED_COUNT
+} refused_code;
+
+enum { BUF_NONE = 0, BUF_SEND = 1, BUF_RECV = 2, BUF_BUF = 3, BUF_MAX = BUF_BUF };
+static const char *const buffer_names[] = {"?", "send", "recv", "buf"};
+
+typedef struct {
+    uint32_t rank;
+    int kind, code, arg;
+    uint64_t seq, pg_tag, value;
+} notice;
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (24 - 8 * i));
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+    put32(p, (uint32_t)(v >> 32));
+    put32(p + 4, (uint32_t)v);
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+    return (uint64_t)get32(p) << 32 | get32(p + 4);
+}
+
+static void notice_encode(const notice *n, uint8_t out[NOTICE_BYTES])
+{
+    memcpy(out, NOTICE_MAGIC, 4);
+    put32(out + 4, n->rank);
+    out[8] = (uint8_t)n->kind;
+    out[9] = (uint8_t)n->code;
+    out[10] = (uint8_t)n->arg;
+    out[11] = 0;
+    put64(out + 12, n->seq);
+    put64(out + 20, n->pg_tag);
+    put64(out + 28, n->value);
+}
+
+/* Every field checked: 1 when buf is a notice from another member of this
+ * group, of call seq or an earlier one (whose peers' calls did not need
+ * the refusing rank, as a broadcast's other ranks may not). */
+static int notice_decode(const braid_pg *pg, uint64_t seq, const uint8_t *buf, size_t len, notice *n)
+{
+    if (len != NOTICE_BYTES || memcmp(buf, NOTICE_MAGIC, 4) != 0 || buf[11] != 0)
+        return 0;
+    n->rank = get32(buf + 4);
+    n->kind = buf[8];
+    n->code = buf[9];
+    n->arg = buf[10];
+    n->seq = get64(buf + 12);
+    n->pg_tag = get64(buf + 20);
+    n->value = get64(buf + 28);
+    return n->rank < (uint32_t)pg->size && (int)n->rank != pg->rank && n->kind >= BRAID_COLL_ALLREDUCE &&
+           n->kind <= BRAID_COLL_REDUCE_SCATTER && n->code >= 1 && n->code <= REFUSED_MAX && n->arg <= BUF_MAX &&
+           n->seq <= seq && n->pg_tag == pg->ctx.pg_tag;
+}
+
+static int has_op(int k)
+{
+    return k == BRAID_COLL_ALLREDUCE || k == BRAID_COLL_REDUCE || k == BRAID_COLL_REDUCE_SCATTER;
+}
+
+static int has_root(int k)
+{
+    return k == BRAID_COLL_BROADCAST || k == BRAID_COLL_REDUCE;
+}
+
+/* The code of a refused call, found again from its arguments (the checks
+ * at the entry points set only text). */
+static void classify(const braid_pg *pg, const braid_coll *c, notice *n)
+{
+    size_t esize = braid_dtype_size(c->dtype);
+    n->arg = BUF_NONE;
+    n->value = 0;
+    if (esize == 0) {
+        n->code = REFUSED_DTYPE;
+        n->value = (uint64_t)(unsigned)c->dtype;
+    } else if (has_op((int)c->kind) && (unsigned)c->op >= BRAID_OP_COUNT) {
+        n->code = REFUSED_OP;
+        n->value = (uint64_t)(unsigned)c->op;
+    } else if (has_root((int)c->kind) && (c->root < 0 || c->root >= pg->size)) {
+        n->code = REFUSED_ROOT;
+        n->value = (uint64_t)(int64_t)c->root;
+    } else if (c->count > SIZE_MAX / esize / 2 / (size_t)pg->size) {
+        n->code = REFUSED_COUNT;
+        n->value = c->count;
+    } else if (c->count > 0 && c->kind == BRAID_COLL_BROADCAST && !c->send) {
+        n->code = REFUSED_NULL_BUF;
+        n->arg = BUF_BUF;
+        n->value = c->count;
+    } else if (c->count > 0 && (!c->send || (!c->recv && (c->kind != BRAID_COLL_REDUCE || c->root == pg->rank)))) {
+        n->code = REFUSED_NULL_BUF;
+        n->arg = !c->send ? BUF_SEND : BUF_RECV;
+        n->value = c->count;
+    } else {
+        n->code = REFUSED_OTHER;
+    }
+}
+
+/* One key: a group breaks at its first refusal, so there is no second. */
+#define NOTICE_KEY "refused"
+
+braid_status braid__coll_refuse(braid_pg *pg, const braid_coll *intended, braid_status st)
+{
+    if (st != BRAID_ERR_INVALID_ARG || braid__pg_check_handle_quiet(pg) != BRAID_OK || pg->size < 2 ||
+        !pg->shrink || intended->kind < BRAID_COLL_ALLREDUCE || intended->kind > BRAID_COLL_REDUCE_SCATTER ||
+        atomic_load(&pg->aborted) || atomic_load(&pg->error) != BRAID_OK || braid__group_open_here(pg))
+        return st;
+    char text[512], detail[512];
+    snprintf(text, sizeof(text), "%s", braid_last_error());
+    snprintf(detail, sizeof(detail), "%s", braid__error_detail());
+    braid_coll c = *intended;
+    c.refused = detail;
+    /* Blocking: the job runs in issue order, after this rank's earlier
+     * calls, and is done with c before we return. */
+    (void)braid__work_submit(pg, &c, NULL);
+    braid__error_set_text(text);
+    return st;
+}
+
+braid_status braid__refusal_run(braid_pg *pg, const braid_coll *coll)
+{
+    notice n = {.rank = (uint32_t)pg->rank, .kind = (int)coll->kind, .seq = coll->seq, .pg_tag = pg->ctx.pg_tag};
+    classify(pg, coll, &n);
+    uint8_t buf[NOTICE_BYTES];
+    notice_encode(&n, buf);
+    int told = braid__shrink_notice_send(pg, NOTICE_KEY, buf, sizeof(buf), NOTICE_SEND_MS);
+    BRAID_INFO("rank %d: told %d of %d peers that it refused braid_%s #%" PRIu64, pg->rank, told, pg->size - 1,
+               braid__coll_name(coll->kind), coll->seq);
+    /* Broken from here, as after any failed call: the peers' matching
+     * calls fail. Closing the links (braid__pg_fail) lets the peers blocked
+     * on this rank see it at once; the text is this rank's own. */
+    braid__error_quiet(BRAID_ERR_INVALID_ARG,
+                       "rank %d refused braid_%s #%" PRIu64 " and told its peers, whose matching calls failed (%s): "
+                       "recreate the group",
+                       pg->rank, braid__coll_name(coll->kind), coll->seq, coll->refused);
+    braid__pg_fail(pg, BRAID_ERR_INVALID_ARG);
+    return BRAID_ERR_INVALID_ARG;
+}
+
+braid_status braid__refusal_explain(braid_pg *pg, const braid_coll *coll, braid_status st)
+{
+    if (st != BRAID_ERR_PEER || pg->size < 2 || !pg->shrink || atomic_load(&pg->aborted))
+        return st;
+    char saved[512], why[128];
+    snprintf(saved, sizeof(saved), "%s", braid_last_error());
+    uint8_t buf[NOTICE_BYTES + 1];
+    size_t len = 0;
+    notice n;
+    if (braid__shrink_notice_wait(pg, NOTICE_KEY, buf, sizeof(buf), &len, NOTICE_WAIT_MS) != BRAID_OK ||
+        !notice_decode(pg, coll->seq, buf, len, &n)) {
+        braid__error_set_text(saved);
+        return st;
+    }
+    switch (n.code) {
+    case REFUSED_NULL_BUF:
+        snprintf(why, sizeof(why), "%s is NULL with count %" PRIu64, buffer_names[n.arg], n.value);
+        break;
+    case REFUSED_DTYPE:
+        snprintf(why, sizeof(why), "invalid dtype %" PRIu64, n.value);
+        break;
+    case REFUSED_OP:
+        snprintf(why, sizeof(why), "invalid op %" PRIu64, n.value);
+        break;
+    case REFUSED_ROOT:
+        snprintf(why, sizeof(why), "root %" PRId64 " out of range [0, %d)", (int64_t)n.value, pg->size);
+        break;
+    case REFUSED_COUNT:
+        snprintf(why, sizeof(why), "count %" PRIu64 " overflows", n.value);
+        break;
+    default:
+        snprintf(why, sizeof(why), "invalid arguments (rank %u's own error says which)", (unsigned)n.rank);
+        break;
+    }
+    return braid__error(BRAID_ERR_PEER, "rank %d: %s #%" PRIu64 " failed: rank %u refused braid_%s #%" PRIu64 ": %s",
+                        pg->rank, braid__coll_name(coll->kind), coll->seq, (unsigned)n.rank,
+                        braid__coll_name((braid_coll_kind)n.kind), n.seq, why);
+}

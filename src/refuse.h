@@ -1,0 +1,44 @@
+/* Refused calls. A rank whose collective call fails its argument checks
+ * (a NULL buffer, a bad count, dtype, op or root) tells its peers, so
+ * that their matching call fails at once naming the rank, the call and
+ * the reason ("rank 1 refused braid_allreduce: recv is NULL with count
+ * 4"), instead of waiting out the timeout or reading "closed its
+ * connection" from a rank that is alive. docs/RELIABILITY.md, "Refused
+ * calls", gives the rules.
+ *
+ * The notice does not travel on the data links, where a peer may expect
+ * data of any length at that point of the call, but through the store
+ * each rank serves on its shrink socket (pg_shrink.h), authenticated with
+ * the group's secret: a fixed 36-byte record (magic, rank, call kind,
+ * reason code, argument, sequence number, group tag, one value), which
+ * the receiver validates field by field and turns into words itself; the
+ * refusing rank's text is never printed by a peer. The refusing rank then
+ * closes its links, as any failing rank does, so peers blocked on it fail
+ * at once; a peer whose call fails because a peer closed reads its own
+ * store for a notice of that call before it reports the close. */
+#ifndef BRAID_REFUSE_H
+#define BRAID_REFUSE_H
+
+#include "braid.h"
+
+struct braid_coll; /* pg.h */
+
+/* At a public entry point, after its argument checks failed with st and
+ * set the error text. For BRAID_ERR_INVALID_ARG on a usable group of
+ * several ranks, outside an open braid_group: queue a refusal job behind
+ * this rank's earlier calls (it takes the call's sequence number, as the
+ * peers' matching call does), which sends the notice and breaks the group
+ * with the reason (the peers' calls fail, so it cannot go on). Returns st
+ * with the caller's error text unchanged. */
+braid_status braid__coll_refuse(braid_pg *pg, const struct braid_coll *intended, braid_status st);
+
+/* Executor side (dispatch): run a refusal job (coll->refused set). */
+braid_status braid__refusal_run(braid_pg *pg, const struct braid_coll *coll);
+
+/* Peer side, when call coll failed with st: after BRAID_ERR_PEER (a peer
+ * closed), a notice that a rank refused this call or an earlier one
+ * replaces the error with one naming that rank, its call and the reason
+ * (BRAID_ERR_PEER). */
+braid_status braid__refusal_explain(braid_pg *pg, const struct braid_coll *coll, braid_status st);
+
+#endif
