@@ -40,7 +40,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "algo/algo.h"
+#include "pg_algo.h"
 #include "braid_cuda.h"
 #include "devlink.h"
 #include "hmem.h"
@@ -592,10 +592,9 @@ static braid_status links_pending(braid_conn *to_next, braid_conn *host_next, br
 /* The connections the device ring moves data on (see above), once the
  * fingerprints from prev (forwards) and next (backwards, with a device
  * link only) arrived and matched. */
-static braid_status pick_links(braid_algo_run *run, braid_fp_back *back, int next, int prev, braid_conn *host_next,
+static braid_status pick_links(braid_pg *pg, braid_algo_run *run, braid_fp_back *back, int next, int prev, braid_conn *host_next,
                                braid_conn *host_prev, braid_conn **to_next, braid_conn **from_prev)
 {
-    braid_pg *pg = run->pg;
     braid_conn *dl_next = braid__devlink(pg, next), *dl_prev = braid__devlink(pg, prev);
     int fp_checked = 0, back_done = 0;
     *to_next = host_next;
@@ -675,8 +674,10 @@ static braid_status device_ring(braid_pg *pg, braid_coll *coll)
     braid_coll rc = *coll;
     rc.hmem = NULL;
     rc.algo = BRAID_ALGO_RING;
+    braid_algo_ctx ctx;
+    braid__pg_algo_ctx(pg, &ctx);
     braid_algo_run run;
-    braid__algo_run_init(&run, pg, &rc);
+    braid__algo_run_init(&run, &ctx, &rc);
     int next = (g.rank + 1) % g.n, prev = (g.rank + g.n - 1) % g.n;
     braid_conn *host_next, *host_prev;
     BRAID_CHECK(braid__pg_conn(pg, next, &host_next));
@@ -694,7 +695,7 @@ static braid_status device_ring(braid_pg *pg, braid_coll *coll)
         st = braid__fp_back_start(&run, &back, fp_mine, prev, next);
     braid_conn *to_next = host_next, *from_prev = host_prev;
     if (st == BRAID_OK)
-        st = pick_links(&run, &back, next, prev, host_next, host_prev, &to_next, &from_prev);
+        st = pick_links(pg, &run, &back, next, prev, host_next, host_prev, &to_next, &from_prev);
     if (st != BRAID_OK)
         return braid__fp_explain(&run, st);
     int fp_sent = 0;
@@ -903,7 +904,7 @@ braid_status braid__hmem_coll_run(braid_pg *pg, braid_coll *coll)
         }
     }
     if (st == BRAID_OK) {
-        int ring = job->dring && braid__allreduce_algo(pg, coll->count, coll->dtype) == BRAID_ALGO_RING;
+        int ring = job->dring && braid__pg_allreduce_algo(pg, coll->count, coll->dtype) == BRAID_ALGO_RING;
         st = ring ? device_ring(pg, coll) : stage(pg, coll);
     }
     if (st != BRAID_OK && pg->hmem) {

@@ -1,6 +1,6 @@
 /* src/hmem.h without CUDA: no pointer is device memory, so every call takes
  * the CPU path, and a CUDA stream is refused as before. */
-#include "algo/algo.h"
+#include "pg_algo.h"
 #include "hmem.h"
 #include "status.h"
 

@@ -47,6 +47,6 @@ void braid__mulsum_arm(struct braid_coll *c, const void *scalar);
 /* Just before a collective's algorithm runs: multiply a MULSUM input by the
  * scalar (into recv for all-reduce, else into a copy that *scratch returns
  * for the caller to free after the run) and point coll->send at it. */
-braid_status braid__mulsum_prepare(braid_pg *pg, struct braid_coll *coll, void **scratch);
+braid_status braid__mulsum_prepare(int rank, int size, struct braid_coll *coll, void **scratch);
 
 #endif

@@ -60,7 +60,7 @@ static braid_status check_batches(const braid_pg *pg, const braid_coll *ops, int
         while (i + n < nops && (ops[i + n].kind == BRAID_COLL_SEND || ops[i + n].kind == BRAID_COLL_RECV))
             n++;
         if (n)
-            BRAID_CHECK(braid__p2p_check_self(pg, ops + i, n));
+            BRAID_CHECK(braid__p2p_check_self(pg->rank, ops + i, n));
         i += n ? n : 1;
     }
     return BRAID_OK;

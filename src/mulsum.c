@@ -24,7 +24,7 @@ void braid__mulsum_arm(braid_coll *c, const void *scalar)
     memcpy(c->scalar, scalar, braid_dtype_size(c->dtype));
 }
 
-braid_status braid__mulsum_prepare(braid_pg *pg, braid_coll *coll, void **scratch)
+braid_status braid__mulsum_prepare(int rank, int size, braid_coll *coll, void **scratch)
 {
     *scratch = NULL;
     if (!coll->premul)
@@ -33,7 +33,7 @@ braid_status braid__mulsum_prepare(braid_pg *pg, braid_coll *coll, void **scratc
     size_t esize = braid_dtype_size(coll->dtype);
     size_t n = coll->count;
     if (coll->kind == BRAID_COLL_REDUCE_SCATTER)
-        n *= (size_t)pg->size;
+        n *= (size_t)size;
     if (n == 0)
         return BRAID_OK;
     if (coll->kind == BRAID_COLL_ALLREDUCE) {
@@ -47,7 +47,7 @@ braid_status braid__mulsum_prepare(braid_pg *pg, braid_coll *coll, void **scratc
     void *p = malloc(n * esize);
     if (!p)
         return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: %s: out of memory for the %zu-byte scaled copy of the input",
-                            pg->rank, braid__coll_name(coll->kind), n * esize);
+                            rank, braid__coll_name(coll->kind), n * esize);
     braid__reduce_premul(coll->dtype, p, coll->send, n, coll->scalar);
     coll->send = p;
     *scratch = p;

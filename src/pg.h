@@ -9,37 +9,7 @@
 #include "braid.h"
 #include "braid_transport.h"
 #include "bootstrap/store.h"
-
-typedef enum {
-    BRAID_COLL_ALLREDUCE = 1,
-    BRAID_COLL_BROADCAST,
-    BRAID_COLL_REDUCE,
-    BRAID_COLL_ALLGATHER,
-    BRAID_COLL_REDUCE_SCATTER,
-    BRAID_COLL_SEND,  /* point-to-point with .peer; takes no sequence number */
-    BRAID_COLL_RECV,
-    BRAID_COLL_GROUP, /* .ops[0..nops) recorded between braid_group_start/end */
-} braid_coll_kind;
-
-/* One collective call, as the algorithms see it. */
-typedef struct braid_coll {
-    braid_coll_kind kind;
-    const void *send;
-    void *recv;
-    size_t count;
-    braid_dtype dtype;
-    braid_op op;
-    int root;
-    uint64_t seq;      /* per-group sequence number, identical on every rank */
-    braid_algo algo;   /* resolved by the tuner before running */
-    int peer;          /* SEND/RECV: the other rank */
-    struct braid_coll *ops; /* GROUP: the recorded calls; the job owns them */
-    int nops;
-    struct braid_hmem_job *hmem; /* device buffers: staging job (src/hmem.h); the job owns it */
-    int premul;                  /* MULSUM: send is still to be multiplied by scalar (src/mulsum.c) */
-    unsigned char scalar[8];     /* MULSUM: this rank's scalar, one element of dtype */
-    const char *refused; /* set: this rank refused the call, for this reason; tell the peers (src/refuse.h) */
-} braid_coll;
+#include "coll.h"
 
 struct braid_work {
     braid_coll coll;
@@ -178,7 +148,7 @@ void braid__coll_release(braid_coll *coll);
 /* Free the group state and message counters (pg destruction). */
 void braid__group_release(braid_pg *pg);
 
-/* Run one collective on the calling thread (algo/dispatch.c). */
+/* Run one collective on the calling thread (pg_algo.c, then algo/dispatch.c). */
 braid_status braid__coll_run(braid_pg *pg, braid_coll *coll);
 
 #endif

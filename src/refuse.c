@@ -212,7 +212,8 @@ braid_status braid__refusal_explain(braid_pg *pg, const braid_coll *coll, braid_
         snprintf(why, sizeof(why), "invalid arguments (rank %u's own error says which)", (unsigned)n.rank);
         break;
     }
-    return braid__error(BRAID_ERR_PEER, "rank %d: %s #%" PRIu64 " failed: rank %u refused braid_%s #%" PRIu64 ": %s",
-                        pg->rank, braid__coll_name(coll->kind), coll->seq, (unsigned)n.rank,
-                        braid__coll_name((braid_coll_kind)n.kind), n.seq, why);
+    st = braid__error(BRAID_ERR_PEER, "rank %d: %s #%" PRIu64 " failed: rank %u refused braid_%s #%" PRIu64 ": %s",
+                      pg->rank, braid__coll_name(coll->kind), coll->seq, (unsigned)n.rank,
+                      braid__coll_name((braid_coll_kind)n.kind), n.seq, why);
+    return st;
 }

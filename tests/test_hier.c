@@ -10,7 +10,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "algo/algo.h"
+#include "pg_algo.h"
 #include "harness.h"
 
 static const braid_dtype all_dtypes[] = {BRAID_F32, BRAID_F64, BRAID_F16, BRAID_BF16,
@@ -67,7 +67,7 @@ static int topo_body(braid_pg *pg, void *arg)
 {
     const layout *l = arg;
     int rank = braid_pg_rank(pg);
-    const braid_hier_topo *t = braid__hier_topo(pg);
+    const braid_hier_topo *t = braid__pg_hier_topo(pg);
     if (!t)
         HARNESS_FAIL("rank %d: no topology", rank);
     if (t->nhosts != l->nhosts || t->min_local != l->min_local || t->max_local != l->max_local)
@@ -103,14 +103,14 @@ static int tuner_body(braid_pg *pg, void *arg)
     const layout *l = arg;
     int rank = braid_pg_rank(pg), n = braid_pg_size(pg);
     int multi = l->nhosts > 1 && l->max_local > 1;
-    braid_algo big = braid__allreduce_algo(pg, 4u << 20, BRAID_F32);
-    braid_algo small = braid__allreduce_algo(pg, 16, BRAID_F32);
+    braid_algo big = braid__pg_allreduce_algo(pg, 4u << 20, BRAID_F32);
+    braid_algo small = braid__pg_allreduce_algo(pg, 16, BRAID_F32);
     if (big != (multi ? BRAID_ALGO_HIER : BRAID_ALGO_RING))
         HARNESS_FAIL("rank %d (%s): tuner picked %d for 16 MiB", rank, l->name, (int)big);
     if (small != BRAID_ALGO_RECURSIVE_DOUBLING)
         HARNESS_FAIL("rank %d (%s): tuner picked %d for 64 bytes", rank, l->name, (int)small);
     size_t rd = braid__rd_max_bytes(n);
-    if (braid__allreduce_algo(pg, rd / 4 + 1, BRAID_F32) == BRAID_ALGO_RECURSIVE_DOUBLING)
+    if (braid__pg_allreduce_algo(pg, rd / 4 + 1, BRAID_F32) == BRAID_ALGO_RECURSIVE_DOUBLING)
         HARNESS_FAIL("rank %d (%s): recursive doubling above its limit %zu", rank, l->name, rd);
     /* The choice is used: a large auto all-reduce is exact too. */
     return harness_check_allreduce(pg, BRAID_I32, BRAID_SUM, (1u << 20) + 3, 0, 5);
@@ -121,7 +121,7 @@ static int forced_fallback_body(braid_pg *pg, void *arg)
 {
     (void)arg;
     int rank = braid_pg_rank(pg);
-    if (braid__allreduce_algo(pg, 1u << 20, BRAID_F32) != BRAID_ALGO_RING)
+    if (braid__pg_allreduce_algo(pg, 1u << 20, BRAID_F32) != BRAID_ALGO_RING)
         HARNESS_FAIL("rank %d: forced hier on one host is not the ring", rank);
     return harness_check_allreduce(pg, BRAID_F32, BRAID_AVG, 100003, 1, 6);
 }
@@ -130,7 +130,7 @@ static int forced_fallback_body(braid_pg *pg, void *arg)
 static int forced_body(braid_pg *pg, void *arg)
 {
     (void)arg;
-    if (braid__allreduce_algo(pg, 1, BRAID_I8) != BRAID_ALGO_HIER)
+    if (braid__pg_allreduce_algo(pg, 1, BRAID_I8) != BRAID_ALGO_HIER)
         HARNESS_FAIL("rank %d: forced hier not chosen", braid_pg_rank(pg));
     return harness_check_allreduce(pg, BRAID_I8, BRAID_SUM, 1, 1, 7); /* and one call before leaving, as above */
 }
@@ -180,7 +180,7 @@ END_TEST
 static int matrix_body(braid_pg *pg, void *arg)
 {
     (void)arg;
-    if (braid__allreduce_algo(pg, 1, BRAID_F32) != BRAID_ALGO_HIER)
+    if (braid__pg_allreduce_algo(pg, 1, BRAID_F32) != BRAID_ALGO_HIER)
         HARNESS_FAIL("rank %d: not running hier", braid_pg_rank(pg));
     if (braid_allreduce(pg, NULL, NULL, 0, BRAID_F32, BRAID_AVG, NULL, NULL) != BRAID_OK)
         HARNESS_FAIL("rank %d: empty all-reduce with NULL buffers: %s", braid_pg_rank(pg), braid_last_error());

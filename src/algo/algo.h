@@ -4,14 +4,14 @@
 
 #include <stdint.h>
 
-#include "pg.h"
+#include "algo_ctx.h"
 
 #define BRAID_FP_BYTES 40 /* fingerprint message, sent before a collective's data */
 
-/* State every algorithm carries: the group, the deadline and a name for
- * error messages. */
+/* State every algorithm carries: the group's context, the deadline and a
+ * name for error messages. */
 typedef struct {
-    braid_pg *pg;
+    const braid_algo_ctx *ctx;
     const braid_coll *coll;
     int64_t deadline_ms;
     const char *name;        /* "allreduce", "broadcast" */
@@ -29,7 +29,7 @@ typedef struct {
     } fp_in;
 } braid_algo_run;
 
-void braid__algo_run_init(braid_algo_run *run, braid_pg *pg, const braid_coll *coll);
+void braid__algo_run_init(braid_algo_run *run, const braid_algo_ctx *ctx, const braid_coll *coll);
 
 /* "allreduce", "reduce_scatter", ... for messages. */
 const char *braid__coll_name(braid_coll_kind kind);
@@ -141,14 +141,20 @@ typedef struct braid_hier_topo {
 /* The group's topology, or NULL when it is unknown or cannot be held.
  * Made on first use: call it from the executor, or while no call of the
  * group is in flight. */
-const braid_hier_topo *braid__hier_topo(braid_pg *pg);
+const braid_hier_topo *braid__hier_topo(const braid_algo_ctx *ctx);
 
 /* Tuner's choice for an all-reduce of count dtype elements (never AUTO;
  * a forced hierarchical all-reduce on a topology without one becomes RING). */
-braid_algo braid__allreduce_algo(braid_pg *pg, size_t count, braid_dtype dtype);
+braid_algo braid__allreduce_algo(const braid_algo_ctx *ctx, size_t count, braid_dtype dtype);
 
-/* Largest message (bytes) that recursive doubling takes on n ranks. */
+/* Largest message (bytes) that recursive doubling takes on n ranks; never
+ * above BRAID_RD_MAX_CAP (dispatch.c explains the cap). */
+#define BRAID_RD_MAX_CAP (4u << 20)
 size_t braid__rd_max_bytes(int n);
+
+/* Run one collective (or a recorded group) on the calling thread; the
+ * caller breaks the group on failure (src/pg_algo.c). */
+braid_status braid__algo_coll_run(const braid_algo_ctx *ctx, braid_coll *coll);
 
 /* What braid__estimate_us estimates. bytes: the message for all-reduce,
  * broadcast, reduce and send/receive; one rank's block for the others. */
@@ -173,6 +179,6 @@ double braid__estimate_us(const braid_pg *pg, braid_est_kind kind, size_t bytes)
 braid_status braid__p2p_run(braid_algo_run *run, const braid_coll *ops, int nops);
 /* Sends to and receives from this rank itself in ops[0..nops) pair up in
  * order with equal count and dtype; else BRAID_ERR_INVALID_ARG. */
-braid_status braid__p2p_check_self(const braid_pg *pg, const braid_coll *ops, int nops);
+braid_status braid__p2p_check_self(int rank, const braid_coll *ops, int nops);
 
 #endif

@@ -9,9 +9,9 @@
 
 braid_status braid__chain_broadcast(braid_algo_run *run)
 {
-    braid_pg *pg = run->pg;
+    const braid_algo_ctx *ctx = run->ctx;
     const braid_coll *coll = run->coll;
-    int n = pg->size, rank = pg->rank;
+    int n = ctx->size, rank = ctx->rank;
     if (n == 1)
         return BRAID_OK;
 
@@ -21,17 +21,17 @@ braid_status braid__chain_broadcast(braid_algo_run *run)
     braid_conn *conns[2] = {NULL, NULL}, *to_next = NULL, *from_prev = NULL;
     int nconns = 0;
     if (has_next) {
-        BRAID_CHECK(braid__pg_conn(pg, next, &to_next));
+        BRAID_CHECK(braid__ctx_conn(ctx, next, &to_next));
         conns[nconns++] = to_next;
     }
     if (has_prev) {
-        BRAID_CHECK(braid__pg_conn(pg, prev, &from_prev));
+        BRAID_CHECK(braid__ctx_conn(ctx, prev, &from_prev));
         if (from_prev != to_next)
             conns[nconns++] = from_prev;
     }
 
     size_t bytes = coll->count * braid_dtype_size(coll->dtype);
-    size_t chunk = pg->chunk_bytes ? pg->chunk_bytes : bytes;
+    size_t chunk = ctx->chunk_bytes ? ctx->chunk_bytes : bytes;
     size_t nchunks = bytes ? (bytes + chunk - 1) / chunk : 0;
     uint8_t *buf = coll->recv;
 

@@ -23,9 +23,9 @@
 
 braid_status braid__chain_reduce(braid_algo_run *run)
 {
-    braid_pg *pg = run->pg;
+    const braid_algo_ctx *ctx = run->ctx;
     const braid_coll *coll = run->coll;
-    int n = pg->size, rank = pg->rank;
+    int n = ctx->size, rank = ctx->rank;
     size_t esize = braid_dtype_size(coll->dtype), count = coll->count;
     const uint8_t *send = coll->send;
     uint8_t *recv = coll->recv;
@@ -44,21 +44,21 @@ braid_status braid__chain_reduce(braid_algo_run *run)
     braid_conn *conns[2] = {NULL, NULL}, *to_next = NULL, *from_prev = NULL;
     int nconns = 0;
     if (!is_root) {
-        BRAID_CHECK(braid__pg_conn(pg, next, &to_next));
+        BRAID_CHECK(braid__ctx_conn(ctx, next, &to_next));
         conns[nconns++] = to_next;
     }
     if (!is_first) {
-        BRAID_CHECK(braid__pg_conn(pg, prev, &from_prev));
+        BRAID_CHECK(braid__ctx_conn(ctx, prev, &from_prev));
         if (from_prev != to_next)
             conns[nconns++] = from_prev;
     }
 
-    size_t epc = pg->chunk_bytes / esize ? pg->chunk_bytes / esize : 1;
+    size_t epc = ctx->chunk_bytes / esize ? ctx->chunk_bytes / esize : 1;
     size_t nchunks = (count + epc - 1) / epc;
     size_t slot_bytes = (epc < count ? epc : count) * esize;
     uint8_t *staging = NULL;
     if (!is_first)
-        BRAID_CHECK(braid__pg_scratch(pg, SLOTS * slot_bytes, (void **)&staging));
+        BRAID_CHECK(braid__ctx_scratch(ctx, SLOTS * slot_bytes, (void **)&staging));
 
     uint8_t fp_mine[BRAID_FP_BYTES], fp_theirs[BRAID_FP_BYTES];
     braid_req fp_send_req, fp_recv_req;

@@ -6,7 +6,6 @@
 
 #include "algo.h"
 #include "checksum.h"
-#include "devlink.h"
 #include "clock.h"
 #include "param.h"
 #include "status.h"
@@ -34,11 +33,11 @@ const char *braid__coll_name(braid_coll_kind kind)
     return "?";
 }
 
-void braid__algo_run_init(braid_algo_run *run, braid_pg *pg, const braid_coll *coll)
+void braid__algo_run_init(braid_algo_run *run, const braid_algo_ctx *ctx, const braid_coll *coll)
 {
-    run->pg = pg;
+    run->ctx = ctx;
     run->coll = coll;
-    run->deadline_ms = braid__now_ms() + pg->timeout_ms;
+    run->deadline_ms = braid__now_ms() + ctx->timeout_ms;
     run->name = braid__coll_name(coll->kind);
     run->fp_in.posted = 0;
     run->spin_until_us = run->last_wait_us = 0;
@@ -152,20 +151,20 @@ braid_status braid__algo_wait(braid_algo_run *run, braid_conn **conns, int nconn
 
 static braid_status algo_wait(braid_algo_run *run, braid_conn **conns, int nconns, int waiting_on)
 {
-    braid_pg *pg = run->pg;
-    if (atomic_load(&pg->aborted))
-        return braid__error(BRAID_ERR_ABORTED, "rank %d: %s #%" PRIu64 " aborted by braid_pg_abort", pg->rank,
+    const braid_algo_ctx *ctx = run->ctx;
+    if (atomic_load(ctx->aborted))
+        return braid__error(BRAID_ERR_ABORTED, "rank %d: %s #%" PRIu64 " aborted by braid_pg_abort", ctx->rank,
                             run->name, run->coll->seq);
     int64_t left = run->deadline_ms - braid__now_ms();
     if (left <= 0)
         return braid__error(BRAID_ERR_TIMEOUT,
-                            "rank %d: %s #%" PRIu64 " timed out after %d ms waiting for peer %d", pg->rank,
-                            run->name, run->coll->seq, pg->timeout_ms, waiting_on);
+                            "rank %d: %s #%" PRIu64 " timed out after %d ms waiting for peer %d", ctx->rank,
+                            run->name, run->coll->seq, ctx->timeout_ms, waiting_on);
     int slice = left < WAIT_SLICE_MS ? (int)left : WAIT_SLICE_MS;
     for (int i = 1; i < nconns; i++)
         if (conns[i]->ops != conns[0]->ops)
-            return wait_mixed(run, conns, nconns, pg->wake_fd, slice);
-    braid_status st = conns[0]->ops->progress(conns, nconns, pg->wake_fd, slice);
+            return wait_mixed(run, conns, nconns, ctx->wake_fd, slice);
+    braid_status st = conns[0]->ops->progress(conns, nconns, ctx->wake_fd, slice);
     if (st != BRAID_OK)
         return st;
     return BRAID_OK;
@@ -296,18 +295,18 @@ int braid__fp_dring(const uint8_t fp[BRAID_FP_BYTES])
 braid_status braid__fp_back_start(braid_algo_run *run, braid_fp_back *b, const uint8_t mine[BRAID_FP_BYTES], int prev,
                                   int next)
 {
-    braid_pg *pg = run->pg;
+    const braid_algo_ctx *ctx = run->ctx;
     memset(b, 0, sizeof(*b));
     b->next = next;
-    if (braid__devlink(pg, prev)) {
+    if (ctx->has_devlink(ctx->owner, prev)) {
         braid_conn *c;
-        BRAID_CHECK(braid__pg_conn(pg, prev, &c));
+        BRAID_CHECK(braid__ctx_conn(ctx, prev, &c));
         BRAID_CHECK(c->ops->isend(c, &b->send_req, mine, BRAID_FP_BYTES));
         b->sending = 1;
     }
-    if (braid__devlink(pg, next)) {
+    if (ctx->has_devlink(ctx->owner, next)) {
         braid_conn *c;
-        BRAID_CHECK(braid__pg_conn(pg, next, &c));
+        BRAID_CHECK(braid__ctx_conn(ctx, next, &c));
         BRAID_CHECK(c->ops->irecv(c, &b->recv_req, b->theirs, BRAID_FP_BYTES));
         b->receiving = 1;
     }
@@ -340,28 +339,28 @@ braid_status braid__fp_check(braid_algo_run *run, int peer, const uint8_t theirs
     fp_decode(theirs, &other);
     if (other.magic != FP_MAGIC)
         return braid__error(BRAID_ERR_PEER, "rank %d: %s #%" PRIu64 ": peer %d sent a malformed call header",
-                            run->pg->rank, run->name, run->coll->seq, peer);
+                            run->ctx->rank, run->name, run->coll->seq, peer);
     if (mine.kind == other.kind && mine.op == other.op && mine.dtype == other.dtype &&
         mine.root == other.root && mine.count == other.count && mine.seq == other.seq)
         return BRAID_OK;
     char a[160], b[160];
     fp_describe(&mine, a, sizeof(a));
     fp_describe(&other, b, sizeof(b));
-    return braid__error(BRAID_ERR_MISMATCH, "rank %d called %s but peer %d called %s", run->pg->rank, a, peer, b);
+    return braid__error(BRAID_ERR_MISMATCH, "rank %d called %s but peer %d called %s", run->ctx->rank, a, peer, b);
 }
 
 braid_status braid__algo_sendrecv(braid_algo_run *run, int send_peer, const void *sbuf, size_t slen,
                                   int recv_peer, void *rbuf, size_t rlen, int fp)
 {
-    braid_pg *pg = run->pg;
+    const braid_algo_ctx *ctx = run->ctx;
     braid_conn *sc = NULL, *rc = NULL, *conns[2];
     int nconns = 0;
     if (send_peer >= 0) {
-        BRAID_CHECK(braid__pg_conn(pg, send_peer, &sc));
+        BRAID_CHECK(braid__ctx_conn(ctx, send_peer, &sc));
         conns[nconns++] = sc;
     }
     if (recv_peer >= 0) {
-        BRAID_CHECK(braid__pg_conn(pg, recv_peer, &rc));
+        BRAID_CHECK(braid__ctx_conn(ctx, recv_peer, &rc));
         if (rc != sc)
             conns[nconns++] = rc;
     }

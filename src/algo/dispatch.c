@@ -4,9 +4,7 @@
 
 #include "algo.h"
 #include "coll_check.h"
-#include "hmem.h"
 #include "log.h"
-#include "refuse.h"
 #include "status.h"
 
 /* Recursive doubling against the ring (docs/COLLECTIVES.md, "Choosing an
@@ -22,11 +20,7 @@
  * measured on loopback before; RD_MAX_CAP bounds B* for large groups,
  * where recursive doubling's unpipelined full-buffer rounds stop paying. */
 #define RD_LATENCY_BYTES (28 * 1024)
-#define RD_MAX_CAP (4u << 20)
-/* Device all-reduces above one staging piece run the device ring where the
- * host path would run the ring (cuda/hmem_cuda.c), so recursive doubling
- * must never reach past a piece. */
-_Static_assert(RD_MAX_CAP <= BRAID_HMEM_PIECE_BYTES, "recursive doubling's range must stay within one piece");
+#define RD_MAX_CAP BRAID_RD_MAX_CAP /* src/pg_algo.c checks it against the device staging piece */
 
 /* Smallest message for which the tuner takes the hierarchical all-reduce
  * on a multi-host group (above recursive doubling's range in any case):
@@ -41,10 +35,10 @@ _Static_assert(RD_MAX_CAP <= BRAID_HMEM_PIECE_BYTES, "recursive doubling's range
  * hop count, not the bandwidth, sets the time. */
 #define TREE_BCAST_MAX_BYTES (64 * 1024)
 
-static braid_status run_broadcast(braid_pg *pg, braid_algo_run *run)
+static braid_status run_broadcast(const braid_algo_ctx *ctx, braid_algo_run *run)
 {
     size_t bytes = run->coll->count * braid_dtype_size(run->coll->dtype);
-    if (pg->size > 2 && bytes <= TREE_BCAST_MAX_BYTES)
+    if (ctx->size > 2 && bytes <= TREE_BCAST_MAX_BYTES)
         return braid__tree_broadcast(run);
     return braid__chain_broadcast(run);
 }
@@ -72,16 +66,16 @@ static int hier_fits(const braid_hier_topo *t)
     return t && t->nhosts > 1 && t->max_local > 1;
 }
 
-braid_algo braid__allreduce_algo(braid_pg *pg, size_t count, braid_dtype dtype)
+braid_algo braid__allreduce_algo(const braid_algo_ctx *ctx, size_t count, braid_dtype dtype)
 {
     size_t bytes = count * braid_dtype_size(dtype);
-    if (pg->algo == BRAID_ALGO_HIER)
-        return hier_fits(braid__hier_topo(pg)) ? BRAID_ALGO_HIER : BRAID_ALGO_RING;
-    if (pg->algo != BRAID_ALGO_AUTO)
-        return pg->algo;
-    if (bytes <= braid__rd_max_bytes(pg->size))
+    if (ctx->algo == BRAID_ALGO_HIER)
+        return hier_fits(braid__hier_topo(ctx)) ? BRAID_ALGO_HIER : BRAID_ALGO_RING;
+    if (ctx->algo != BRAID_ALGO_AUTO)
+        return ctx->algo;
+    if (bytes <= braid__rd_max_bytes(ctx->size))
         return BRAID_ALGO_RECURSIVE_DOUBLING;
-    if (bytes >= HIER_MIN_BYTES && hier_fits(braid__hier_topo(pg)))
+    if (bytes >= HIER_MIN_BYTES && hier_fits(braid__hier_topo(ctx)))
         return BRAID_ALGO_HIER;
     return BRAID_ALGO_RING;
 }
@@ -98,24 +92,24 @@ static const char *algo_name(braid_algo a)
 
 /* Logs each algorithm's first use in the group at INFO, with the topology
  * for the hierarchical one, and a forced one that the topology overrides. */
-static void log_choice(braid_pg *pg, const braid_coll *coll, braid_algo algo)
+static void log_choice(const braid_algo_ctx *ctx, const braid_coll *coll, braid_algo algo)
 {
-    if (pg->algo_logged & (1u << algo))
+    if (*ctx->algo_logged & (1u << algo))
         return;
-    pg->algo_logged |= 1u << algo;
+    *ctx->algo_logged |= 1u << algo;
     size_t bytes = coll->count * braid_dtype_size(coll->dtype);
-    const braid_hier_topo *t = braid__hier_topo(pg);
-    if (pg->algo == BRAID_ALGO_HIER && algo != BRAID_ALGO_HIER)
+    const braid_hier_topo *t = braid__hier_topo(ctx);
+    if (ctx->algo == BRAID_ALGO_HIER && algo != BRAID_ALGO_HIER)
         BRAID_WARN("rank %d: BRAID_ALGO=hier needs several hosts and more than one rank on one of them; this "
                    "group has %d host(s) and at most %d rank(s) per host: using %s",
-                   pg->rank, t ? t->nhosts : 1, t ? t->max_local : pg->size, algo_name(algo));
+                   ctx->rank, t ? t->nhosts : 1, t ? t->max_local : ctx->size, algo_name(algo));
     if (algo == BRAID_ALGO_HIER)
         BRAID_INFO("rank %d: allreduce algorithm hier (first used for %zu bytes): %d hosts, %d-%d ranks per "
                    "host, local position %d of %d",
-                   pg->rank, bytes, t->nhosts, t->min_local, t->max_local, t->local_index, t->nlocal);
+                   ctx->rank, bytes, t->nhosts, t->min_local, t->max_local, t->local_index, t->nlocal);
     else
-        BRAID_INFO("rank %d: allreduce algorithm %s (first used for %zu bytes, %d ranks)", pg->rank, algo_name(algo),
-                   bytes, pg->size);
+        BRAID_INFO("rank %d: allreduce algorithm %s (first used for %zu bytes, %d ranks)", ctx->rank, algo_name(algo),
+                   bytes, ctx->size);
 }
 
 static int is_p2p(const braid_coll *c)
@@ -123,18 +117,18 @@ static int is_p2p(const braid_coll *c)
     return c->kind == BRAID_COLL_SEND || c->kind == BRAID_COLL_RECV;
 }
 
-static braid_status run_algo(braid_pg *pg, braid_coll *coll, braid_algo_run *run)
+static braid_status run_algo(const braid_algo_ctx *ctx, braid_coll *coll, braid_algo_run *run)
 {
     switch (coll->kind) {
-    case BRAID_COLL_BROADCAST: return run_broadcast(pg, run);
+    case BRAID_COLL_BROADCAST: return run_broadcast(ctx, run);
     case BRAID_COLL_REDUCE: return braid__chain_reduce(run);
     case BRAID_COLL_ALLGATHER: return braid__ring_allgather(run);
     case BRAID_COLL_REDUCE_SCATTER: return braid__ring_reduce_scatter(run);
     case BRAID_COLL_SEND:
     case BRAID_COLL_RECV: return braid__p2p_run(run, coll, 1);
     case BRAID_COLL_ALLREDUCE:
-        coll->algo = braid__allreduce_algo(pg, coll->count, coll->dtype);
-        log_choice(pg, coll, coll->algo);
+        coll->algo = braid__allreduce_algo(ctx, coll->count, coll->dtype);
+        log_choice(ctx, coll, coll->algo);
         switch (coll->algo) {
         case BRAID_ALGO_RECURSIVE_DOUBLING: return braid__rd_allreduce(run);
         case BRAID_ALGO_HIER: return braid__hier_allreduce(run);
@@ -142,31 +136,31 @@ static braid_status run_algo(braid_pg *pg, braid_coll *coll, braid_algo_run *run
         }
     case BRAID_COLL_GROUP: break;
     }
-    return braid__error(BRAID_ERR_INTERNAL, "rank %d: job of unknown kind %d", pg->rank, (int)coll->kind);
+    return braid__error(BRAID_ERR_INTERNAL, "rank %d: job of unknown kind %d", ctx->rank, (int)coll->kind);
 }
 
-static braid_status run_one(braid_pg *pg, braid_coll *coll)
+static braid_status run_one(const braid_algo_ctx *ctx, braid_coll *coll)
 {
     void *scratch;
-    BRAID_CHECK(braid__mulsum_prepare(pg, coll, &scratch));
+    BRAID_CHECK(braid__mulsum_prepare(ctx->rank, ctx->size, coll, &scratch));
     braid_algo_run run;
-    braid__algo_run_init(&run, pg, coll);
-    braid_status st = braid__fp_explain(&run, run_algo(pg, coll, &run));
+    braid__algo_run_init(&run, ctx, coll);
+    braid_status st = braid__fp_explain(&run, run_algo(ctx, coll, &run));
     free(scratch);
-    return braid__refusal_explain(pg, coll, st);
+    return st;
 }
 
 /* A group runs in issue order; each run of consecutive sends and receives
  * progresses as one batch, so exchanges with several peers cannot wait on
  * each other. Its collectives take the job's sequence numbers in order. */
-static braid_status run_group(braid_pg *pg, braid_coll *group)
+static braid_status run_group(const braid_algo_ctx *ctx, braid_coll *group)
 {
     uint64_t seq = group->seq;
     for (int i = 0; i < group->nops;) {
         braid_coll *op = &group->ops[i];
         if (!is_p2p(op)) {
             op->seq = seq++;
-            BRAID_CHECK(run_one(pg, op));
+            BRAID_CHECK(run_one(ctx, op));
             i++;
             continue;
         }
@@ -174,24 +168,14 @@ static braid_status run_group(braid_pg *pg, braid_coll *group)
         while (i + n < group->nops && is_p2p(&group->ops[i + n]))
             n++;
         braid_algo_run run;
-        braid__algo_run_init(&run, pg, op);
+        braid__algo_run_init(&run, ctx, op);
         BRAID_CHECK(braid__p2p_run(&run, op, n));
         i += n;
     }
     return BRAID_OK;
 }
 
-braid_status braid__coll_run(braid_pg *pg, braid_coll *coll)
+braid_status braid__algo_coll_run(const braid_algo_ctx *ctx, braid_coll *coll)
 {
-    if (coll->refused) /* this rank refused the call: tell the peers */
-        return braid__refusal_run(pg, coll);
-    if (coll->hmem) /* device buffers: staged pieces come back here as host calls */
-        return braid__hmem_coll_run(pg, coll);
-    braid_status st = braid__pg_check_usable(pg, braid__coll_name(coll->kind));
-    if (st != BRAID_OK)
-        return st;
-    st = coll->kind == BRAID_COLL_GROUP ? run_group(pg, coll) : run_one(pg, coll);
-    if (st != BRAID_OK)
-        braid__pg_fail(pg, st);
-    return st;
+    return coll->kind == BRAID_COLL_GROUP ? run_group(ctx, coll) : run_one(ctx, coll);
 }

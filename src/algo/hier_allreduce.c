@@ -52,16 +52,16 @@ static int entry_cmp(const void *a, const void *b)
 
 /* Sort (host hash, rank) pairs: each host is then a run of ranks in
  * ascending order, whose first rank names it. */
-static braid_hier_topo *topo_build(const braid_pg *pg)
+static braid_hier_topo *topo_build(const braid_algo_ctx *ctx)
 {
-    int n = pg->size;
+    int n = ctx->size;
     host_entry *e = malloc((size_t)n * sizeof(*e));
     int *host_no = malloc((size_t)n * sizeof(*host_no)); /* by leader rank; -1 elsewhere */
     braid_hier_topo *t = NULL;
     if (!e || !host_no)
         goto out_free;
     for (int p = 0; p < n; p++) {
-        e[p].hash = pg->host_hash[p];
+        e[p].hash = ctx->host_hash[p];
         e[p].rank = p;
         host_no[p] = -1;
     }
@@ -77,7 +77,7 @@ static braid_hier_topo *topo_build(const braid_pg *pg)
         min_local = j - i < min_local ? j - i : min_local;
         max_local = j - i > max_local ? j - i : max_local;
         for (int k = i; k < j; k++)
-            if (e[k].rank == pg->rank) {
+            if (e[k].rank == ctx->rank) {
                 my_start = i;
                 my_len = j - i;
             }
@@ -95,7 +95,7 @@ static braid_hier_topo *topo_build(const braid_pg *pg)
     t->local_index = 0;
     for (int k = 0; k < my_len; k++) {
         t->local[k] = e[my_start + k].rank;
-        if (t->local[k] == pg->rank)
+        if (t->local[k] == ctx->rank)
             t->local_index = k;
     }
     int h = 0;
@@ -116,21 +116,21 @@ out_free:
     return t;
 }
 
-const braid_hier_topo *braid__hier_topo(braid_pg *pg)
+const braid_hier_topo *braid__hier_topo(const braid_algo_ctx *ctx)
 {
-    if (!pg->hier_topo && pg->host_hash) {
-        pg->hier_topo = topo_build(pg);
-        if (!pg->hier_topo)
-            BRAID_WARN("rank %d: out of memory for the host topology: flat algorithms only", pg->rank);
+    if (!*ctx->hier_topo && ctx->host_hash) {
+        *ctx->hier_topo = topo_build(ctx);
+        if (!*ctx->hier_topo)
+            BRAID_WARN("rank %d: out of memory for the host topology: flat algorithms only", ctx->rank);
     }
-    return pg->hier_topo;
+    return *ctx->hier_topo;
 }
 
 braid_status braid__hier_allreduce(braid_algo_run *run)
 {
-    braid_pg *pg = run->pg;
+    const braid_algo_ctx *ctx = run->ctx;
     const braid_coll *coll = run->coll;
-    const braid_hier_topo *t = braid__hier_topo(pg);
+    const braid_hier_topo *t = braid__hier_topo(ctx);
     if (!t || t->nhosts < 2 || t->max_local < 2) /* the tuner does not pick it there */
         return braid__ring_allreduce(run);
 
@@ -167,7 +167,7 @@ braid_status braid__hier_allreduce(braid_algo_run *run)
                                  .shard_shift = 0,
                                  .first_step = 0,
                                  .end_step = 2 * (t->nhosts - 1),
-                                 .divisor = pg->size,
+                                 .divisor = ctx->size,
                                  .fp = 1};
         BRAID_CHECK(braid__ring_pass(run, &cross));
     }

@@ -37,43 +37,43 @@ static size_t msg_bytes(const braid_coll *op)
     return op->count * braid_dtype_size(op->dtype);
 }
 
-static int is_self(const braid_pg *pg, const braid_coll *op)
+static int is_self(int rank, const braid_coll *op)
 {
-    return op->peer == pg->rank;
+    return op->peer == rank;
 }
 
 /* Index of the first op at or after i that is `kind` to or from this rank
  * itself, or nops. */
-static int next_self(const braid_pg *pg, const braid_coll *ops, int nops, int i, braid_coll_kind kind)
+static int next_self(int rank, const braid_coll *ops, int nops, int i, braid_coll_kind kind)
 {
-    while (i < nops && !(ops[i].kind == kind && is_self(pg, &ops[i])))
+    while (i < nops && !(ops[i].kind == kind && is_self(rank, &ops[i])))
         i++;
     return i;
 }
 
-braid_status braid__p2p_check_self(const braid_pg *pg, const braid_coll *ops, int nops)
+braid_status braid__p2p_check_self(int rank, const braid_coll *ops, int nops)
 {
-    int s = next_self(pg, ops, nops, 0, BRAID_COLL_SEND), r = next_self(pg, ops, nops, 0, BRAID_COLL_RECV);
+    int s = next_self(rank, ops, nops, 0, BRAID_COLL_SEND), r = next_self(rank, ops, nops, 0, BRAID_COLL_RECV);
     for (int k = 0; s < nops || r < nops; k++) {
         if (s == nops || r == nops)
             return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s to itself #%d has no matching %s in the same group",
-                                pg->rank, s < nops ? "send" : "recv", k, s < nops ? "recv" : "send");
+                                rank, s < nops ? "send" : "recv", k, s < nops ? "recv" : "send");
         if (ops[s].count != ops[r].count || ops[s].dtype != ops[r].dtype)
             return braid__error(BRAID_ERR_INVALID_ARG,
                                 "rank %d: send to itself #%d (count=%zu, %s) does not match its recv (count=%zu, %s)",
-                                pg->rank, k, ops[s].count, braid__dtype_name(ops[s].dtype), ops[r].count,
+                                rank, k, ops[s].count, braid__dtype_name(ops[s].dtype), ops[r].count,
                                 braid__dtype_name(ops[r].dtype));
-        s = next_self(pg, ops, nops, s + 1, BRAID_COLL_SEND);
-        r = next_self(pg, ops, nops, r + 1, BRAID_COLL_RECV);
+        s = next_self(rank, ops, nops, s + 1, BRAID_COLL_SEND);
+        r = next_self(rank, ops, nops, r + 1, BRAID_COLL_RECV);
     }
     return BRAID_OK;
 }
 
-static void copy_self(const braid_pg *pg, const braid_coll *ops, int nops)
+static void copy_self(int rank, const braid_coll *ops, int nops)
 {
-    int s = next_self(pg, ops, nops, 0, BRAID_COLL_SEND), r = next_self(pg, ops, nops, 0, BRAID_COLL_RECV);
+    int s = next_self(rank, ops, nops, 0, BRAID_COLL_SEND), r = next_self(rank, ops, nops, 0, BRAID_COLL_RECV);
     for (; s < nops && r < nops;
-         s = next_self(pg, ops, nops, s + 1, BRAID_COLL_SEND), r = next_self(pg, ops, nops, r + 1, BRAID_COLL_RECV))
+         s = next_self(rank, ops, nops, s + 1, BRAID_COLL_SEND), r = next_self(rank, ops, nops, r + 1, BRAID_COLL_RECV))
         if (msg_bytes(&ops[s]) && ops[r].recv != ops[s].send)
             memmove(ops[r].recv, ops[s].send, msg_bytes(&ops[s]));
 }
@@ -144,14 +144,14 @@ static braid_status progress_msg(const braid_algo_run *run, p2p_msg *msgs, int i
 /* Connections to every peer of the batch: first those this rank dials,
  * then those it accepts, so that no rank waits in accept() for a peer that
  * is itself waiting in accept() before dialling. */
-static braid_status connect_peers(braid_pg *pg, p2p_msg *msgs, int nops, braid_conn **conns, int *nconns)
+static braid_status connect_peers(const braid_algo_ctx *ctx, p2p_msg *msgs, int nops, braid_conn **conns, int *nconns)
 {
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < nops; i++) {
             int peer = msgs[i].op->peer;
-            if (peer == pg->rank || (pass == 0) != (pg->rank < peer))
+            if (peer == ctx->rank || (pass == 0) != (ctx->rank < peer))
                 continue;
-            BRAID_CHECK(braid__pg_conn(pg, peer, &msgs[i].conn));
+            BRAID_CHECK(braid__ctx_conn(ctx, peer, &msgs[i].conn));
         }
     *nconns = 0;
     for (int i = 0; i < nops; i++) {
@@ -168,13 +168,13 @@ static braid_status connect_peers(braid_pg *pg, p2p_msg *msgs, int nops, braid_c
 
 /* Post every send (fingerprint, then data) and the first receive from
  * each peer; later receives from a peer wait on the one before. */
-static braid_status post_all(braid_pg *pg, p2p_msg *msgs, int nops, int *last_recv)
+static braid_status post_all(const braid_algo_ctx *ctx, p2p_msg *msgs, int nops, int *last_recv)
 {
     for (int i = 0; i < nops; i++) {
         p2p_msg *m = &msgs[i];
         const braid_coll *op = m->op;
         m->next = -1;
-        if (is_self(pg, op)) {
+        if (is_self(ctx->rank, op)) {
             m->state = MSG_DONE;
             continue;
         }
@@ -184,7 +184,7 @@ static braid_status post_all(braid_pg *pg, p2p_msg *msgs, int nops, int *last_re
                              .dtype = op->dtype,
                              .root = -1,
                              .peer = peer,
-                             .seq = pg->p2p_seq[2 * peer + (is_send ? 0 : 1)]++};
+                             .seq = (*ctx->p2p_seq)[2 * peer + (is_send ? 0 : 1)]++};
         if (is_send) {
             braid__fp_encode(&m->fp, m->fp_mine);
             BRAID_CHECK(m->conn->ops->isend(m->conn, &m->fp_req, m->fp_mine, sizeof(m->fp_mine)));
@@ -205,33 +205,33 @@ static braid_status post_all(braid_pg *pg, p2p_msg *msgs, int nops, int *last_re
 
 braid_status braid__p2p_run(braid_algo_run *run, const braid_coll *ops, int nops)
 {
-    braid_pg *pg = run->pg;
-    braid_status st = braid__p2p_check_self(pg, ops, nops);
+    const braid_algo_ctx *ctx = run->ctx;
+    braid_status st = braid__p2p_check_self(ctx->rank, ops, nops);
     if (st != BRAID_OK)
         return st;
-    copy_self(pg, ops, nops);
+    copy_self(ctx->rank, ops, nops);
     if (nops == 0)
         return BRAID_OK;
-    if (!pg->p2p_seq) {
-        pg->p2p_seq = calloc(2 * (size_t)pg->size, sizeof(*pg->p2p_seq));
-        if (!pg->p2p_seq)
-            return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for message counters", pg->rank);
+    if (!*ctx->p2p_seq) {
+        *ctx->p2p_seq = calloc(2 * (size_t)ctx->size, sizeof(**ctx->p2p_seq));
+        if (!*ctx->p2p_seq)
+            return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for message counters", ctx->rank);
     }
     p2p_msg *msgs = calloc((size_t)nops, sizeof(*msgs));
     braid_conn **conns = calloc((size_t)nops, sizeof(*conns));
-    int *last_recv = malloc((size_t)pg->size * sizeof(*last_recv));
+    int *last_recv = malloc((size_t)ctx->size * sizeof(*last_recv));
     if (!msgs || !conns || !last_recv) {
-        st = braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for %d sends/receives", pg->rank, nops);
+        st = braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for %d sends/receives", ctx->rank, nops);
         goto out_free;
     }
     for (int i = 0; i < nops; i++)
         msgs[i].op = &ops[i];
-    for (int p = 0; p < pg->size; p++)
+    for (int p = 0; p < ctx->size; p++)
         last_recv[p] = -1;
 
     int nconns;
-    BRAID_CHECK_GOTO(connect_peers(pg, msgs, nops, conns, &nconns), st, out_free);
-    BRAID_CHECK_GOTO(post_all(pg, msgs, nops, last_recv), st, out_free);
+    BRAID_CHECK_GOTO(connect_peers(ctx, msgs, nops, conns, &nconns), st, out_free);
+    BRAID_CHECK_GOTO(post_all(ctx, msgs, nops, last_recv), st, out_free);
 
     for (;;) {
         int moved = 0, pending = -1;

@@ -21,9 +21,9 @@ static int real_rank(int vrank, int rem)
 
 braid_status braid__rd_allreduce(braid_algo_run *run)
 {
-    braid_pg *pg = run->pg;
+    const braid_algo_ctx *ctx = run->ctx;
     const braid_coll *coll = run->coll;
-    int n = pg->size, rank = pg->rank;
+    int n = ctx->size, rank = ctx->rank;
     size_t esize = braid_dtype_size(coll->dtype), bytes = coll->count * esize;
     uint8_t *buf = coll->recv;
     /* Our operand: the send buffer until the first combine writes buf, so
@@ -37,7 +37,7 @@ braid_status braid__rd_allreduce(braid_algo_run *run)
         return BRAID_OK;
     }
     uint8_t *theirs;
-    BRAID_CHECK(braid__pg_scratch(pg, bytes ? bytes : 1, (void **)&theirs));
+    BRAID_CHECK(braid__ctx_scratch(ctx, bytes ? bytes : 1, (void **)&theirs));
 
     int pof2 = 1;
     while (pof2 * 2 <= n)

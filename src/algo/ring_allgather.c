@@ -36,9 +36,9 @@ static void item_range(const layout *g, size_t k, int shift, int *block, size_t 
 
 braid_status braid__ring_allgather(braid_algo_run *run)
 {
-    braid_pg *pg = run->pg;
+    const braid_algo_ctx *ctx = run->ctx;
     const braid_coll *coll = run->coll;
-    layout g = {.n = pg->size, .rank = pg->rank, .count = coll->count, .esize = braid_dtype_size(coll->dtype)};
+    layout g = {.n = ctx->size, .rank = ctx->rank, .count = coll->count, .esize = braid_dtype_size(coll->dtype)};
     const uint8_t *send = coll->send;
     uint8_t *recv = coll->recv;
     uint8_t *own = recv + (size_t)g.rank * g.count * g.esize;
@@ -50,14 +50,14 @@ braid_status braid__ring_allgather(braid_algo_run *run)
             memcpy(own, send, g.count * g.esize);
         return BRAID_OK;
     }
-    g.elems_per_chunk = pg->chunk_bytes / g.esize ? pg->chunk_bytes / g.esize : 1;
+    g.elems_per_chunk = ctx->chunk_bytes / g.esize ? ctx->chunk_bytes / g.esize : 1;
     g.chunks = (g.count + g.elems_per_chunk - 1) / g.elems_per_chunk;
     size_t total = (size_t)(g.n - 1) * g.chunks;
 
     int next = (g.rank + 1) % g.n, prev = (g.rank + g.n - 1) % g.n;
     braid_conn *conns[2];
-    BRAID_CHECK(braid__pg_conn(pg, next, &conns[0]));
-    BRAID_CHECK(braid__pg_conn(pg, prev, &conns[1]));
+    BRAID_CHECK(braid__ctx_conn(ctx, next, &conns[0]));
+    BRAID_CHECK(braid__ctx_conn(ctx, prev, &conns[1]));
     int nconns = conns[0] == conns[1] ? 1 : 2;
     braid_conn *to_next = conns[0], *from_prev = conns[nconns - 1];
 

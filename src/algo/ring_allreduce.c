@@ -111,26 +111,26 @@ static int member(const braid_ring_pass *p, int i)
 
 braid_status braid__ring_allreduce(braid_algo_run *run)
 {
-    braid_pg *pg = run->pg;
+    const braid_algo_ctx *ctx = run->ctx;
     const braid_coll *coll = run->coll;
     braid_ring_pass p = {.members = NULL,
-                         .n = pg->size,
-                         .index = pg->rank,
+                         .n = ctx->size,
+                         .index = ctx->rank,
                          .send = coll->send,
                          .recv = coll->recv,
                          .count = coll->count,
-                         .nshards = pg->size,
+                         .nshards = ctx->size,
                          .shard_shift = 0,
                          .first_step = 0,
-                         .end_step = 2 * (pg->size - 1),
-                         .divisor = pg->size,
+                         .end_step = 2 * (ctx->size - 1),
+                         .divisor = ctx->size,
                          .fp = 1};
     return braid__ring_pass(run, &p);
 }
 
 braid_status braid__ring_pass(braid_algo_run *run, const braid_ring_pass *pass)
 {
-    braid_pg *pg = run->pg;
+    const braid_algo_ctx *ctx = run->ctx;
     const braid_coll *coll = run->coll;
     ring g = {.run = run, .pass = pass, .n = pass->n, .rank = pass->index, .esize = braid_dtype_size(coll->dtype)};
     braid_status st;
@@ -139,19 +139,19 @@ braid_status braid__ring_pass(braid_algo_run *run, const braid_ring_pass *pass)
         copy_and_scale(coll, pass);
         return BRAID_OK;
     }
-    g.elems_per_chunk = pg->chunk_bytes / g.esize;
+    g.elems_per_chunk = ctx->chunk_bytes / g.esize;
     if (g.elems_per_chunk == 0)
         g.elems_per_chunk = 1;
 
     int next = member(pass, (g.rank + 1) % g.n), prev = member(pass, (g.rank + g.n - 1) % g.n);
     braid_conn *conns[2];
-    BRAID_CHECK(braid__pg_conn(pg, next, &conns[0]));
-    BRAID_CHECK(braid__pg_conn(pg, prev, &conns[1]));
+    BRAID_CHECK(braid__ctx_conn(ctx, next, &conns[0]));
+    BRAID_CHECK(braid__ctx_conn(ctx, prev, &conns[1]));
     int nconns = conns[0] == conns[1] ? 1 : 2;
 
     uint8_t *staging;
     size_t slot_bytes = g.elems_per_chunk * g.esize;
-    BRAID_CHECK(braid__pg_scratch(pg, RECV_SLOTS * slot_bytes, (void **)&staging));
+    BRAID_CHECK(braid__ctx_scratch(ctx, RECV_SLOTS * slot_bytes, (void **)&staging));
 
     const uint8_t *send = pass->send;
     uint8_t *recv = pass->recv;

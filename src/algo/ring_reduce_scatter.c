@@ -43,9 +43,9 @@ static void item_range(const layout *g, size_t k, int shift, int *step, int *blo
 
 braid_status braid__ring_reduce_scatter(braid_algo_run *run)
 {
-    braid_pg *pg = run->pg;
+    const braid_algo_ctx *ctx = run->ctx;
     const braid_coll *coll = run->coll;
-    layout g = {.n = pg->size, .rank = pg->rank, .count = coll->count, .esize = braid_dtype_size(coll->dtype)};
+    layout g = {.n = ctx->size, .rank = ctx->rank, .count = coll->count, .esize = braid_dtype_size(coll->dtype)};
     const uint8_t *send = coll->send;
     uint8_t *recv = coll->recv;
     size_t block_bytes = g.count * g.esize;
@@ -56,14 +56,14 @@ braid_status braid__ring_reduce_scatter(braid_algo_run *run)
         braid__reduce_scale(coll->dtype, coll->op, recv, g.count, 1);
         return BRAID_OK;
     }
-    g.elems_per_chunk = pg->chunk_bytes / g.esize ? pg->chunk_bytes / g.esize : 1;
+    g.elems_per_chunk = ctx->chunk_bytes / g.esize ? ctx->chunk_bytes / g.esize : 1;
     g.chunks = (g.count + g.elems_per_chunk - 1) / g.elems_per_chunk;
     size_t total = (size_t)(g.n - 1) * g.chunks, last_step_first = (size_t)(g.n - 2) * g.chunks;
 
     int next = (g.rank + 1) % g.n, prev = (g.rank + g.n - 1) % g.n;
     braid_conn *conns[2];
-    BRAID_CHECK(braid__pg_conn(pg, next, &conns[0]));
-    BRAID_CHECK(braid__pg_conn(pg, prev, &conns[1]));
+    BRAID_CHECK(braid__ctx_conn(ctx, next, &conns[0]));
+    BRAID_CHECK(braid__ctx_conn(ctx, prev, &conns[1]));
     int nconns = conns[0] == conns[1] ? 1 : 2;
     braid_conn *to_next = conns[0], *from_prev = conns[nconns - 1];
 
@@ -71,7 +71,7 @@ braid_status braid__ring_reduce_scatter(braid_algo_run *run)
     size_t slot_bytes = (g.elems_per_chunk < g.count ? g.elems_per_chunk : g.count) * g.esize;
     int in_place = block_bytes && (const uint8_t *)recv == send + (size_t)g.rank * block_bytes;
     uint8_t *staging;
-    BRAID_CHECK(braid__pg_scratch(pg, RECV_SLOTS * slot_bytes + (in_place ? block_bytes : 0), (void **)&staging));
+    BRAID_CHECK(braid__ctx_scratch(ctx, RECV_SLOTS * slot_bytes + (in_place ? block_bytes : 0), (void **)&staging));
     const uint8_t *own_block = send + (size_t)g.rank * block_bytes;
     if (in_place) {
         memcpy(staging + RECV_SLOTS * slot_bytes, own_block, block_bytes);

@@ -8,10 +8,10 @@
 
 braid_status braid__tree_broadcast(braid_algo_run *run)
 {
-    braid_pg *pg = run->pg;
+    const braid_algo_ctx *ctx = run->ctx;
     const braid_coll *coll = run->coll;
-    int n = pg->size, root = coll->root;
-    int pos = (pg->rank - root + n) % n;
+    int n = ctx->size, root = coll->root;
+    int pos = (ctx->rank - root + n) % n;
     size_t bytes = coll->count * braid_dtype_size(coll->dtype);
     uint8_t *buf = coll->recv;
 

@@ -50,8 +50,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     const uint8_t *theirs = data, *p = data + BRAID_FP_BYTES;
 
-    static braid_pg pg; /* only rank is read */
-    pg.rank = 3;
+    static braid_algo_ctx ctx; /* only rank is read */
+    ctx.rank = 3;
     braid_coll c;
     memset(&c, 0, sizeof(c));
     c.kind = (braid_coll_kind)(BRAID_COLL_ALLREDUCE + p[0] % (BRAID_COLL_RECV - BRAID_COLL_ALLREDUCE + 1));
@@ -63,7 +63,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int peer = p[21] % 64;
     braid_algo_run run;
     memset(&run, 0, sizeof(run));
-    braid__algo_run_init(&run, &pg, &c);
+    braid__algo_run_init(&run, &ctx, &c);
 
     /* Arbitrary bytes from a peer. */
     braid_status st = braid__fp_check(&run, peer, theirs);

@@ -1,0 +1,52 @@
+/* What an algorithm may see of its group: the narrow context filled in
+ * one place (src/pg_algo.c). Algorithms never see braid_pg; everything
+ * they need from it comes through here, as Gloo's algorithms see only a
+ * context and a pair per peer. */
+#ifndef BRAID_ALGO_CTX_H
+#define BRAID_ALGO_CTX_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "braid.h"
+#include "braid_transport.h"
+#include "coll.h"
+
+struct braid_hier_topo;
+
+typedef struct braid_algo_ctx {
+    int rank, size;
+    size_t chunk_bytes;        /* pipeline chunk (BRAID_CHUNK_BYTES) */
+    int timeout_ms;            /* per call; the deadline counts from the call's start */
+    braid_algo algo;           /* configured all-reduce algorithm (BRAID_ALGO) */
+    int wake_fd;               /* blocked waits poll it, so that abort is seen at once */
+    const atomic_int *aborted; /* set by braid_pg_abort */
+    const uint64_t *host_hash; /* [size] host identity per rank; NULL: unknown */
+
+    /* Per-group state the algorithms keep between calls (executor only). */
+    struct braid_hier_topo **hier_topo; /* made on first use */
+    unsigned *algo_logged;              /* bit (1 << algo) once logged */
+    uint64_t **p2p_seq;                 /* [2 * size] message counters, made on first use */
+
+    /* The group behind the context, passed back to the callbacks. */
+    void *owner;
+    /* Connection to peer, connecting on first use. */
+    braid_status (*conn)(void *owner, int peer, braid_conn **conn);
+    /* Scratch buffer of at least bytes, owned by the group. */
+    braid_status (*scratch)(void *owner, size_t bytes, void **buf);
+    /* 1 when peer is joined by a device link (src/devlink.c). */
+    int (*has_devlink)(void *owner, int peer);
+} braid_algo_ctx;
+
+static inline braid_status braid__ctx_conn(const braid_algo_ctx *ctx, int peer, braid_conn **conn)
+{
+    return ctx->conn(ctx->owner, peer, conn);
+}
+
+static inline braid_status braid__ctx_scratch(const braid_algo_ctx *ctx, size_t bytes, void **buf)
+{
+    return ctx->scratch(ctx->owner, bytes, buf);
+}
+
+#endif
