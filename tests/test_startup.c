@@ -348,7 +348,7 @@ START_TEST(test_params_mismatch)
         ASSERT_HAS(res[r].error, mismatch_cases[_i].cause);
         ASSERT_HAS(res[r].error, mismatch_cases[_i].odd_value);
         ASSERT_HAS(res[r].error, mismatch_cases[_i].rest_value);
-        char who[16];
+        char who[32];
         snprintf(who, sizeof(who), "rank %d: ", r);
         ASSERT_HAS(res[r].error, who);
         /* At once: not the init timeout, which is 30 s. */
