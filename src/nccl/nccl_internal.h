@@ -162,6 +162,12 @@ ncclResult_t nccl__comm_check(ncclComm_t comm, const char *call);
 ncclResult_t nccl__comm_enter(ncclComm_t comm, const char *call);
 void nccl__comm_leave(ncclComm_t comm);
 
+/* Make a communicator and join it (deferred to ncclGroupEnd inside a
+ * group): nids ids as ncclCommInitRankScalable takes them, configuration
+ * from config, else from inherit (a split's parent), else defaults. */
+ncclResult_t nccl__comm_init(ncclComm_t *out, int nranks, const ncclUniqueId *id, int nids, int rank,
+                             const ncclConfig_t *config, const struct ncclComm *inherit, const char *call);
+
 /* Wrap pg (which it then owns) in a new communicator: configuration from
  * config, or parent's when NULL (ncclCommShrink). */
 ncclResult_t nccl__comm_from_pg(braid_pg *pg, ncclComm_t parent, const ncclConfig_t *config, ncclComm_t *out,
