@@ -394,15 +394,7 @@ static int usage_errors_body(braid_pg *pg, void *arg)
     int rank = braid_pg_rank(pg), n = braid_pg_size(pg);
     int32_t buf[64] = {0}, big[64 * 8] = {0};
     braid_work *w = NULL;
-    if (expect_invalid(braid_reduce(pg, buf, buf, 4, BRAID_I32, BRAID_SUM, n, NULL, NULL), rank, "reduce root n",
-                       "root") ||
-        expect_invalid(braid_reduce(pg, buf, buf, 4, (braid_dtype)99, BRAID_SUM, 0, NULL, NULL), rank, "reduce dtype",
-                       "dtype") ||
-        expect_invalid(braid_reduce_scatter(pg, big, big + 1, 4, BRAID_I32, BRAID_SUM, NULL, NULL), rank,
-                       "reduce_scatter overlap", "overlap") ||
-        expect_invalid(braid_allgather(pg, big + 3, big, 4, BRAID_I32, NULL, NULL), rank, "allgather overlap",
-                       "overlap") ||
-        expect_invalid(braid_send(pg, buf, 4, BRAID_I32, n, NULL, NULL), rank, "send peer n", "peer") ||
+    if (expect_invalid(braid_send(pg, buf, 4, BRAID_I32, n, NULL, NULL), rank, "send peer n", "peer") ||
         expect_invalid(braid_recv(pg, NULL, 4, BRAID_I32, 0, NULL, NULL), rank, "recv NULL", "NULL") ||
         expect_invalid(braid_send(pg, buf, 4, BRAID_I32, rank, NULL, NULL), rank, "send to self", "itself") ||
         expect_invalid(braid_group_end(pg, NULL), rank, "group_end alone", "without braid_group_start"))
@@ -416,12 +408,33 @@ static int usage_errors_body(braid_pg *pg, void *arg)
         HARNESS_FAIL("rank %d: recording a send to self: %s", rank, braid_last_error());
     if (expect_invalid(braid_group_end(pg, NULL), rank, "unpaired self send", "no matching recv"))
         return 1;
-    /* The group is usable after all of that. */
+    /* Point-to-point and group usage errors stay local: the group is usable. */
     int32_t one = 1, sum = 0;
     if (braid_allreduce(pg, &one, &sum, 1, BRAID_I32, BRAID_SUM, NULL, NULL) != BRAID_OK || sum != n)
         HARNESS_FAIL("rank %d: all-reduce after usage errors: %s (sum %d)", rank, braid_last_error(), sum);
     if (braid_pg_error(pg) != BRAID_OK)
         HARNESS_FAIL("rank %d: usage errors broke the group", rank);
+    /* A refused collective is told to the peers and breaks the group
+     * (docs/RELIABILITY.md); each refusal still names its own cause. */
+    if (expect_invalid(braid_reduce(pg, buf, buf, 4, BRAID_I32, BRAID_SUM, n, NULL, NULL), rank, "reduce root n",
+                       "root") ||
+        expect_invalid(braid_reduce(pg, buf, buf, 4, (braid_dtype)99, BRAID_SUM, 0, NULL, NULL), rank, "reduce dtype",
+                       "dtype") ||
+        expect_invalid(braid_reduce_scatter(pg, big, big + 1, 4, BRAID_I32, BRAID_SUM, NULL, NULL), rank,
+                       "reduce_scatter overlap", "overlap") ||
+        expect_invalid(braid_allgather(pg, big + 3, big, 4, BRAID_I32, NULL, NULL), rank, "allgather overlap",
+                       "overlap"))
+        return 1;
+    braid_status st = braid_allreduce(pg, &one, &sum, 1, BRAID_I32, BRAID_SUM, NULL, NULL);
+    if (n == 1) { /* nobody to tell: a group of one stays usable */
+        if (st != BRAID_OK || sum != 1 || braid_pg_error(pg) != BRAID_OK)
+            HARNESS_FAIL("rank %d: all-reduce of one rank after refusals: %s", rank, braid_last_error());
+        return 0;
+    }
+    if (st == BRAID_OK || !strstr(braid_last_error(), "recreate the group"))
+        HARNESS_FAIL("rank %d: all-reduce after a refused collective: %s", rank, braid_last_error());
+    if (braid_pg_error(pg) == BRAID_OK)
+        HARNESS_FAIL("rank %d: a refused collective left the group unbroken", rank);
     return 0;
 }
 
