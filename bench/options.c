@@ -4,6 +4,7 @@
  * why when given a value other than their default. --nranks, --algo,
  * --buffers, --csv, --plot and --label are braid's own. */
 #include <getopt.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -211,28 +212,149 @@ static int parse_buffers(const char *text, int *out)
     return 0;
 }
 
-int bench_parse_args(int argc, char **argv, bench_opts *o)
-{
-    static const struct option longopts[] = {
-        {"nthreads", required_argument, 0, 't'},       {"ngpus", required_argument, 0, 'g'},
-        {"minbytes", required_argument, 0, 'b'},       {"maxbytes", required_argument, 0, 'e'},
-        {"stepbytes", required_argument, 0, 'i'},      {"stepfactor", required_argument, 0, 'f'},
-        {"iters", required_argument, 0, 'n'},          {"agg_iters", required_argument, 0, 'm'},
-        {"warmup_iters", required_argument, 0, 'w'},   {"run_cycles", required_argument, 0, 'N'},
-        {"parallel_init", required_argument, 0, 'p'},  {"check", required_argument, 0, 'c'},
-        {"op", required_argument, 0, 'o'},             {"datatype", required_argument, 0, 'd'},
-        {"root", required_argument, 0, 'r'},           {"blocking", required_argument, 0, 'z'},
-        {"stream_null", required_argument, 0, 'y'},    {"timeout", required_argument, 0, 'T'},
-        {"cudagraph", required_argument, 0, 'G'},      {"report_cputime", required_argument, 0, 'C'},
-        {"average", required_argument, 0, 'a'},        {"local_register", required_argument, 0, 'R'},
-        {"nranks", required_argument, 0, OPT_NRANKS},  {"algo", required_argument, 0, OPT_ALGO},
-        {"buffers", required_argument, 0, OPT_BUFFERS}, {"csv", required_argument, 0, OPT_CSV},
-        {"plot", required_argument, 0, OPT_PLOT},      {"label", required_argument, 0, OPT_LABEL},
-        {"help", no_argument, 0, 'h'},                 {0, 0, 0, 0},
-    };
-    const char *prog = "braid-bench";
-    long v;
+/* An option that takes an integer and keeps it in an int of bench_opts:
+ * what names it in the error, [lo, hi] bounds it. */
+typedef struct {
+    int opt;
+    const char *what;
+    long lo, hi;
+    size_t offset; /* of the int in bench_opts; NO_FIELD: checked, then ignored */
+} int_flag;
 
+#define NO_FIELD ((size_t)-1)
+
+static const int_flag int_flags[] = {
+    {'n', "iteration count", 1, 1 << 30, offsetof(bench_opts, iters)},
+    {'m', "aggregated iteration count", 1, 1024, offsetof(bench_opts, agg_iters)},
+    {'w', "warm-up count", 0, 1 << 30, offsetof(bench_opts, warmup_iters)},
+    {'N', "run cycle count", 0, 1 << 30, offsetof(bench_opts, run_cycles)},
+    {'c', "check count", 0, 1 << 20, offsetof(bench_opts, check)},
+    {'r', "root", 0, 1 << 20, offsetof(bench_opts, root)},
+    {'C', "report_cputime flag", 0, 1, offsetof(bench_opts, report_cputime)},
+    {'p', "parallel_init flag", 0, 1, NO_FIELD},
+    {'y', "stream_null flag", 0, 1, NO_FIELD},
+    {'T', "timeout", 0, 1 << 21, offsetof(bench_opts, timeout_s)},
+    {'t', "thread count", 1, 1024, offsetof(bench_opts, nthreads)},
+    {'g', "gpu count", 1, 1024, offsetof(bench_opts, ngpus)},
+    {OPT_NRANKS, "rank count", 1, 1024, offsetof(bench_opts, nranks)},
+};
+
+static const int_flag *find_int_flag(int c)
+{
+    for (size_t i = 0; i < sizeof(int_flags) / sizeof(int_flags[0]); i++)
+        if (int_flags[i].opt == c)
+            return &int_flags[i];
+    return NULL;
+}
+
+/* Parse an integer option of the table into its field. */
+static int parse_int_flag(const int_flag *f, const char *text, bench_opts *o)
+{
+    long v;
+    if (parse_int(text, f->what, f->lo, f->hi, &v))
+        return -1;
+    if (f->offset != NO_FIELD)
+        *(int *)((char *)o + f->offset) = (int)v;
+    if (f->opt == 't' || f->opt == 'g')
+        o->per_process_given = 1;
+    else if (f->opt == OPT_NRANKS)
+        o->nranks_given = 1;
+    return 0;
+}
+
+/* The message sizes: -b, -e, -i take a size, -f a factor. */
+static int parse_size_flag(int c, const char *text, bench_opts *o)
+{
+    if (c == 'f') {
+        long v;
+        if (parse_int(text, "step factor", 1, 1 << 30, &v))
+            return -1;
+        o->step_factor = (size_t)v;
+        return 0;
+    }
+    size_t s;
+    if (bench_parse_size(text, &s) != 0) {
+        fprintf(stderr, "braid-bench: invalid size '%s' for -%c (e.g. 8, 4K, 64M, 1G)\n", text, c);
+        return -1;
+    }
+    if (c == 'b')
+        o->min_bytes = s;
+    else if (c == 'e')
+        o->max_bytes = s;
+    else
+        o->step_bytes = s;
+    return 0;
+}
+
+static int parse_blocking(const char *text, bench_opts *o)
+{
+    long v;
+    /* nccl-tests' 2 and 3 differ from 0 only in where CUDA events
+     * and barriers go; braid-bench times on the host. */
+    if (strcmp(text, "2") == 0 || strcmp(text, "3") == 0) {
+        fprintf(stderr, "braid-bench: -z %s is not supported: modes 2 and 3 place CUDA events and barriers, "
+                        "and braid-bench times on the host (use 0 or 1)\n", text);
+        return -1;
+    }
+    if (parse_int(text, "blocking mode", 0, 1, &v))
+        return -1;
+    o->blocking = (int)v;
+    return 0;
+}
+
+/* -a: nccl-tests' is a digit (the time reported); an algorithm name is
+ * braid's own, as --algo. */
+static int parse_average_or_algo(const char *text, bench_opts *o)
+{
+    long v;
+    if (text[0] >= '0' && text[0] <= '9') {
+        if (parse_int(text, "average mode", 0, 3, &v))
+            return -1;
+        o->average = (int)v;
+        return 0;
+    }
+    return parse_algo(text, &o->algo);
+}
+
+/* Every option that is neither an integer of the table nor a size. */
+static int parse_other_flag(int c, const char *text, bench_opts *o)
+{
+    switch (c) {
+    case 'o':
+        return parse_ops(text, o);
+    case 'd':
+        return parse_types(text, o);
+    case 'z':
+        return parse_blocking(text, o);
+    case 'G':
+        return only_default(text, 'G', 0, "braid's collectives cannot be captured in CUDA graphs");
+    case 'R':
+        return only_default(text, 'R', 0,
+                            "braid has no user buffer registration (verbs registers buffers itself, through a "
+                            "cache)");
+    case 'a':
+        return parse_average_or_algo(text, o);
+    case OPT_ALGO:
+        return parse_algo(text, &o->algo);
+    case OPT_BUFFERS:
+        return parse_buffers(text, &o->buffers);
+    case OPT_CSV:
+        o->csv_path = text;
+        return 0;
+    case OPT_PLOT:
+        o->plot_path = text;
+        return 0;
+    case OPT_LABEL:
+        o->label = text;
+        return 0;
+    default:
+        usage(stderr, "braid-bench");
+        return -1;
+    }
+}
+
+static void set_defaults(bench_opts *o)
+{
     memset(o, 0, sizeof(*o));
     o->coll = BENCH_ALLREDUCE;
     o->min_bytes = o->max_bytes = 32u << 20;
@@ -251,169 +373,11 @@ int bench_parse_args(int argc, char **argv, bench_opts *o)
     o->nranks = 4;
     o->algo = BRAID_ALGO_AUTO;
     o->average = 3;
+}
 
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "t:g:b:e:i:f:n:m:w:N:p:c:o:d:r:z:y:T:G:C:a:R:h", longopts, NULL)) != -1) {
-        switch (c) {
-        case 'b':
-        case 'e':
-        case 'i': {
-            size_t s;
-            if (bench_parse_size(optarg, &s) != 0) {
-                fprintf(stderr, "braid-bench: invalid size '%s' for -%c (e.g. 8, 4K, 64M, 1G)\n", optarg, c);
-                return -1;
-            }
-            if (c == 'b')
-                o->min_bytes = s;
-            else if (c == 'e')
-                o->max_bytes = s;
-            else
-                o->step_bytes = s;
-            break;
-        }
-        case 'f':
-            if (parse_int(optarg, "step factor", 1, 1 << 30, &v))
-                return -1;
-            o->step_factor = (size_t)v;
-            break;
-        case 'n':
-            if (parse_int(optarg, "iteration count", 1, 1 << 30, &v))
-                return -1;
-            o->iters = (int)v;
-            break;
-        case 'm':
-            if (parse_int(optarg, "aggregated iteration count", 1, 1024, &v))
-                return -1;
-            o->agg_iters = (int)v;
-            break;
-        case 'w':
-            if (parse_int(optarg, "warm-up count", 0, 1 << 30, &v))
-                return -1;
-            o->warmup_iters = (int)v;
-            break;
-        case 'N':
-            if (parse_int(optarg, "run cycle count", 0, 1 << 30, &v))
-                return -1;
-            o->run_cycles = (int)v;
-            break;
-        case 'c':
-            if (parse_int(optarg, "check count", 0, 1 << 20, &v))
-                return -1;
-            o->check = (int)v;
-            break;
-        case 'o':
-            if (parse_ops(optarg, o))
-                return -1;
-            break;
-        case 'd':
-            if (parse_types(optarg, o))
-                return -1;
-            break;
-        case 'r':
-            if (parse_int(optarg, "root", 0, 1 << 20, &v))
-                return -1;
-            o->root = (int)v;
-            break;
-        case 'z':
-            /* nccl-tests' 2 and 3 differ from 0 only in where CUDA events
-             * and barriers go; braid-bench times on the host. */
-            if (strcmp(optarg, "2") == 0 || strcmp(optarg, "3") == 0) {
-                fprintf(stderr, "braid-bench: -z %s is not supported: modes 2 and 3 place CUDA events and barriers, "
-                                "and braid-bench times on the host (use 0 or 1)\n", optarg);
-                return -1;
-            }
-            if (parse_int(optarg, "blocking mode", 0, 1, &v))
-                return -1;
-            o->blocking = (int)v;
-            break;
-        case 'C':
-            if (parse_int(optarg, "report_cputime flag", 0, 1, &v))
-                return -1;
-            o->report_cputime = (int)v;
-            break;
-        case 'p':
-            if (parse_int(optarg, "parallel_init flag", 0, 1, &v))
-                return -1;
-            break;
-        case 'y':
-            if (parse_int(optarg, "stream_null flag", 0, 1, &v))
-                return -1;
-            break;
-        case 'G':
-            if (only_default(optarg, 'G', 0, "braid's collectives cannot be captured in CUDA graphs"))
-                return -1;
-            break;
-        case 'R':
-            if (only_default(optarg, 'R', 0,
-                             "braid has no user buffer registration (verbs registers buffers itself, through a "
-                             "cache)"))
-                return -1;
-            break;
-        case OPT_NRANKS:
-            if (parse_int(optarg, "rank count", 1, 1024, &v))
-                return -1;
-            o->nranks = (int)v;
-            o->nranks_given = 1;
-            break;
-        case 'a':
-            /* nccl-tests' -a is a digit; an algorithm name is braid's own. */
-            if (optarg[0] >= '0' && optarg[0] <= '9') {
-                if (parse_int(optarg, "average mode", 0, 3, &v))
-                    return -1;
-                o->average = (int)v;
-                break;
-            }
-            /* fall through */
-        case OPT_ALGO:
-            if (parse_algo(optarg, &o->algo))
-                return -1;
-            break;
-        case 'T':
-            if (parse_int(optarg, "timeout", 0, 1 << 21, &v))
-                return -1;
-            o->timeout_s = (int)v;
-            break;
-        case 't':
-        case 'g':
-            if (parse_int(optarg, c == 't' ? "thread count" : "gpu count", 1, 1024, &v))
-                return -1;
-            if (c == 't')
-                o->nthreads = (int)v;
-            else
-                o->ngpus = (int)v;
-            o->per_process_given = 1;
-            break;
-        case OPT_BUFFERS:
-            if (parse_buffers(optarg, &o->buffers))
-                return -1;
-            break;
-        case OPT_CSV:
-            o->csv_path = optarg;
-            break;
-        case OPT_PLOT:
-            o->plot_path = optarg;
-            break;
-        case OPT_LABEL:
-            o->label = optarg;
-            break;
-        case 'h':
-            usage(stdout, prog);
-            return 1;
-        default:
-            usage(stderr, prog);
-            return -1;
-        }
-    }
-    if (optind < argc && parse_coll(argv[optind], &o->coll) != 0) {
-        fprintf(stderr, "braid-bench: unknown collective '%s' (allreduce or broadcast)\n", argv[optind]);
-        usage(stderr, prog);
-        return -1;
-    }
-    if (optind + 1 < argc) {
-        fprintf(stderr, "braid-bench: unexpected argument '%s'\n", argv[optind + 1]);
-        return -1;
-    }
+/* What the options mean together, once all are read. */
+static int check_combination(const bench_opts *o)
+{
     if ((long)o->nthreads * o->ngpus > 1024) {
         fprintf(stderr, "braid-bench: -t %d x -g %d is more than 1024 ranks per process\n", o->nthreads, o->ngpus);
         return -1;
@@ -436,4 +400,56 @@ int bench_parse_args(int argc, char **argv, bench_opts *o)
         return -1;
     }
     return 0;
+}
+
+int bench_parse_args(int argc, char **argv, bench_opts *o)
+{
+    static const struct option longopts[] = {
+        {"nthreads", required_argument, 0, 't'},       {"ngpus", required_argument, 0, 'g'},
+        {"minbytes", required_argument, 0, 'b'},       {"maxbytes", required_argument, 0, 'e'},
+        {"stepbytes", required_argument, 0, 'i'},      {"stepfactor", required_argument, 0, 'f'},
+        {"iters", required_argument, 0, 'n'},          {"agg_iters", required_argument, 0, 'm'},
+        {"warmup_iters", required_argument, 0, 'w'},   {"run_cycles", required_argument, 0, 'N'},
+        {"parallel_init", required_argument, 0, 'p'},  {"check", required_argument, 0, 'c'},
+        {"op", required_argument, 0, 'o'},             {"datatype", required_argument, 0, 'd'},
+        {"root", required_argument, 0, 'r'},           {"blocking", required_argument, 0, 'z'},
+        {"stream_null", required_argument, 0, 'y'},    {"timeout", required_argument, 0, 'T'},
+        {"cudagraph", required_argument, 0, 'G'},      {"report_cputime", required_argument, 0, 'C'},
+        {"average", required_argument, 0, 'a'},        {"local_register", required_argument, 0, 'R'},
+        {"nranks", required_argument, 0, OPT_NRANKS},  {"algo", required_argument, 0, OPT_ALGO},
+        {"buffers", required_argument, 0, OPT_BUFFERS}, {"csv", required_argument, 0, OPT_CSV},
+        {"plot", required_argument, 0, OPT_PLOT},      {"label", required_argument, 0, OPT_LABEL},
+        {"help", no_argument, 0, 'h'},                 {0, 0, 0, 0},
+    };
+    const char *prog = "braid-bench";
+
+    set_defaults(o);
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "t:g:b:e:i:f:n:m:w:N:p:c:o:d:r:z:y:T:G:C:a:R:h", longopts, NULL)) != -1) {
+        const int_flag *f = find_int_flag(c);
+        int rc;
+        if (c == 'h') {
+            usage(stdout, prog);
+            return 1;
+        }
+        if (f)
+            rc = parse_int_flag(f, optarg, o);
+        else if (c == 'b' || c == 'e' || c == 'i' || c == 'f')
+            rc = parse_size_flag(c, optarg, o);
+        else
+            rc = parse_other_flag(c, optarg, o);
+        if (rc)
+            return -1;
+    }
+    if (optind < argc && parse_coll(argv[optind], &o->coll) != 0) {
+        fprintf(stderr, "braid-bench: unknown collective '%s' (allreduce or broadcast)\n", argv[optind]);
+        usage(stderr, prog);
+        return -1;
+    }
+    if (optind + 1 < argc) {
+        fprintf(stderr, "braid-bench: unexpected argument '%s'\n", argv[optind + 1]);
+        return -1;
+    }
+    return check_combination(o);
 }

@@ -223,6 +223,174 @@ static braid_status cma_read_failed(braid_shm_conn *c, const braid_req *r, int e
                         c->rank, r->len, c->base.peer, (unsigned long long)(r->REQ_REMOTE + r->moved), strerror(err));
 }
 
+/* Write r's header at head: its length, and for an in-place send (the peer
+ * reads the payload from r->buf) the address too. 0: no room yet; else 1,
+ * or 2 for an in-place send. */
+static int send_header(braid_shm_conn *c, braid_req *r, uint64_t *head, size_t *space)
+{
+    int cma = r->len >= BRAID_SHM_CMA_MIN && peer_reads_us(c);
+    size_t hdr_len = cma ? 2 * BRAID_SHM_HDR_BYTES : BRAID_SHM_HDR_BYTES;
+    if (*space < hdr_len)
+        return 0;
+    uint8_t hdr[2 * BRAID_SHM_HDR_BYTES];
+    put_le64(hdr, (uint64_t)r->len | (cma ? BRAID_SHM_CMA_FLAG : 0));
+    put_le64(hdr + BRAID_SHM_HDR_BYTES, (uint64_t)(uintptr_t)r->buf);
+    ring_write(c, *head, hdr, hdr_len);
+    *head += hdr_len;
+    *space -= hdr_len;
+    r->REQ_HDR_DONE = 1;
+    return cma ? 2 : 1;
+}
+
+/* Complete acked sends and write the queued ones into the ring as far as
+ * it has room. Returns 1 when anything moved. */
+static int send_pass(braid_shm_conn *c)
+{
+    int any = 0;
+    uint64_t acked = atomic_load_explicit(&c->region->acked[1 - c->side].v, memory_order_acquire);
+    any |= reap_sent(c, acked);
+    uint64_t tail = atomic_load_explicit(&c->tx->tail, memory_order_acquire);
+    uint64_t head = c->tx_head;
+    while (c->send_head) {
+        braid_req *r = c->send_head;
+        size_t space = c->ring_bytes - (size_t)(head - tail);
+        if (!r->REQ_HDR_DONE) {
+            int written = send_header(c, r, &head, &space);
+            if (!written)
+                break;
+            if (written == 2) {
+                /* The peer's ack completes r. */
+                r->REQ_CMA = 1;
+                c->cma_sent++;
+                pop_send(c, acked);
+                continue;
+            }
+        }
+        size_t n = r->len - r->moved;
+        if (n > space)
+            n = space;
+        if (n) {
+            ring_write(c, head, (const uint8_t *)r->buf + r->moved, n);
+            head += n;
+            r->moved += n;
+        }
+        if (r->moved < r->len)
+            break;
+        pop_send(c, acked);
+    }
+    if (head != c->tx_head) {
+        c->tx_head = head;
+        atomic_store_explicit(&c->tx->head, head, memory_order_release);
+        any = 1;
+    }
+    return any;
+}
+
+/* Read r's header at tail; an in-place message carries the sender's
+ * address after it. 1 read, 0 not all there yet, -1 a length other than
+ * r's (*st says so). */
+static int recv_header(braid_shm_conn *c, braid_req *r, uint64_t *tail, size_t *avail, braid_status *st)
+{
+    if (*avail < BRAID_SHM_HDR_BYTES)
+        return 0;
+    uint8_t hdr[2 * BRAID_SHM_HDR_BYTES];
+    ring_read(c, *tail, hdr, BRAID_SHM_HDR_BYTES);
+    uint64_t word = get_le64(hdr), len = word & ~BRAID_SHM_CMA_FLAG;
+    int cma = (word & BRAID_SHM_CMA_FLAG) != 0;
+    if (len != (uint64_t)r->len) {
+        *st = braid__error(BRAID_ERR_MISMATCH, "rank %d: peer %d sent a message of %llu bytes where %zu were expected",
+                           c->rank, c->base.peer, (unsigned long long)len, r->len);
+        return -1;
+    }
+    if (cma) {
+        if (*avail < 2 * BRAID_SHM_HDR_BYTES)
+            return 0; /* cannot happen: header and address are published together */
+        ring_read(c, *tail + BRAID_SHM_HDR_BYTES, hdr + BRAID_SHM_HDR_BYTES, BRAID_SHM_HDR_BYTES);
+        r->REQ_REMOTE = get_le64(hdr + BRAID_SHM_HDR_BYTES);
+        r->REQ_CMA = 1;
+        *tail += BRAID_SHM_HDR_BYTES;
+        *avail -= BRAID_SHM_HDR_BYTES;
+    }
+    *tail += BRAID_SHM_HDR_BYTES;
+    *avail -= BRAID_SHM_HDR_BYTES;
+    r->REQ_HDR_DONE = 1;
+    return 1;
+}
+
+/* Read the next piece of an in-place message from the sender's memory;
+ * *any is set when bytes came. 1 r complete, 0 more to read, -1 failed
+ * (*st says why). */
+static int recv_cma_piece(braid_shm_conn *c, braid_req *r, int *any, braid_status *st)
+{
+    size_t n = r->len - r->moved;
+    if (n > BRAID_SHM_CMA_PIECE)
+        n = BRAID_SHM_CMA_PIECE;
+    struct iovec l = {.iov_base = (uint8_t *)r->buf + r->moved, .iov_len = n};
+    struct iovec rem = {.iov_base = (void *)(uintptr_t)(r->REQ_REMOTE + r->moved), .iov_len = n};
+    ssize_t got = process_vm_readv(c->peer_pid, &l, 1, &rem, 1, 0);
+    if (got <= 0) {
+        *st = cma_read_failed(c, r, got == 0 ? 0 : errno);
+        return -1;
+    }
+    r->moved += (size_t)got;
+    *any = 1;
+    if (r->moved < r->len)
+        return 0; /* a turn for the other connections */
+    /* A sender that closed (abort) may have reused the buffer we just
+     * read; it closes the socket before that, so a hang-up seen now means
+     * the data cannot be trusted. */
+    struct pollfd p = {.fd = c->sock, .events = POLLIN | POLLRDHUP};
+    if (poll(&p, 1, 0) > 0) {
+        check_sock(c, p.revents);
+        if (c->peer_gone) {
+            *st = braid__error(BRAID_ERR_PEER, "rank %d: peer %d closed while its message of %zu bytes was being read",
+                               c->rank, c->base.peer, r->len);
+            return -1;
+        }
+    }
+    c->cma_read++;
+    atomic_store_explicit(&c->region->acked[c->side].v, c->cma_read, memory_order_release);
+    pop_recv(c);
+    return 1;
+}
+
+/* Fill the posted receives from the ring, or from the sender's memory,
+ * as far as data has come; *any is set when anything moved. */
+static braid_status recv_pass(braid_shm_conn *c, int *any)
+{
+    uint64_t head = atomic_load_explicit(&c->rx->head, memory_order_acquire);
+    uint64_t tail = c->rx_tail;
+    braid_status st = BRAID_OK;
+    while (c->recv_head) {
+        braid_req *r = c->recv_head;
+        size_t avail = (size_t)(head - tail);
+        if (!r->REQ_HDR_DONE && recv_header(c, r, &tail, &avail, &st) <= 0)
+            break;
+        if (r->REQ_CMA) {
+            if (recv_cma_piece(c, r, any, &st) == 1)
+                continue;
+            break;
+        }
+        size_t n = r->len - r->moved;
+        if (n > avail)
+            n = avail;
+        if (n) {
+            ring_read(c, tail, (uint8_t *)r->buf + r->moved, n);
+            tail += n;
+            r->moved += n;
+        }
+        if (r->moved < r->len)
+            break;
+        pop_recv(c);
+    }
+    if (tail != c->rx_tail) {
+        c->rx_tail = tail;
+        atomic_store_explicit(&c->rx->tail, tail, memory_order_release);
+        *any = 1;
+    }
+    return st;
+}
+
 /* Move as much as the rings allow without blocking. *moved is set when any
  * byte or header went either way. */
 static braid_status conn_pass(braid_shm_conn *c, int *moved)
@@ -232,134 +400,10 @@ static braid_status conn_pass(braid_shm_conn *c, int *moved)
     if (!c->cma_checked)
         cma_check(c);
     int any = 0;
-    if (c->sent_head || c->send_head) {
-        uint64_t acked = atomic_load_explicit(&c->region->acked[1 - c->side].v, memory_order_acquire);
-        any |= reap_sent(c, acked);
-        uint64_t tail = atomic_load_explicit(&c->tx->tail, memory_order_acquire);
-        uint64_t head = c->tx_head;
-        while (c->send_head) {
-            braid_req *r = c->send_head;
-            size_t space = c->ring_bytes - (size_t)(head - tail);
-            if (!r->REQ_HDR_DONE) {
-                int cma = r->len >= BRAID_SHM_CMA_MIN && peer_reads_us(c);
-                size_t hdr_len = cma ? 2 * BRAID_SHM_HDR_BYTES : BRAID_SHM_HDR_BYTES;
-                if (space < hdr_len)
-                    break;
-                uint8_t hdr[2 * BRAID_SHM_HDR_BYTES];
-                put_le64(hdr, (uint64_t)r->len | (cma ? BRAID_SHM_CMA_FLAG : 0));
-                put_le64(hdr + BRAID_SHM_HDR_BYTES, (uint64_t)(uintptr_t)r->buf);
-                ring_write(c, head, hdr, hdr_len);
-                head += hdr_len;
-                space -= hdr_len;
-                r->REQ_HDR_DONE = 1;
-                if (cma) {
-                    /* The peer reads the payload from r->buf; its ack completes r. */
-                    r->REQ_CMA = 1;
-                    c->cma_sent++;
-                    pop_send(c, acked);
-                    continue;
-                }
-            }
-            size_t n = r->len - r->moved;
-            if (n > space)
-                n = space;
-            if (n) {
-                ring_write(c, head, (const uint8_t *)r->buf + r->moved, n);
-                head += n;
-                r->moved += n;
-            }
-            if (r->moved < r->len)
-                break;
-            pop_send(c, acked);
-        }
-        if (head != c->tx_head) {
-            c->tx_head = head;
-            atomic_store_explicit(&c->tx->head, head, memory_order_release);
-            any = 1;
-        }
-    }
+    if (c->sent_head || c->send_head)
+        any |= send_pass(c);
     if (c->recv_head) {
-        uint64_t head = atomic_load_explicit(&c->rx->head, memory_order_acquire);
-        uint64_t tail = c->rx_tail;
-        braid_status st = BRAID_OK;
-        while (c->recv_head) {
-            braid_req *r = c->recv_head;
-            size_t avail = (size_t)(head - tail);
-            if (!r->REQ_HDR_DONE) {
-                if (avail < BRAID_SHM_HDR_BYTES)
-                    break;
-                uint8_t hdr[2 * BRAID_SHM_HDR_BYTES];
-                ring_read(c, tail, hdr, BRAID_SHM_HDR_BYTES);
-                uint64_t word = get_le64(hdr), len = word & ~BRAID_SHM_CMA_FLAG;
-                int cma = (word & BRAID_SHM_CMA_FLAG) != 0;
-                if (len != (uint64_t)r->len) {
-                    st = braid__error(BRAID_ERR_MISMATCH,
-                                      "rank %d: peer %d sent a message of %llu bytes where %zu were expected",
-                                      c->rank, c->base.peer, (unsigned long long)len, r->len);
-                    break;
-                }
-                if (cma) {
-                    if (avail < 2 * BRAID_SHM_HDR_BYTES)
-                        break; /* cannot happen: header and address are published together */
-                    ring_read(c, tail + BRAID_SHM_HDR_BYTES, hdr + BRAID_SHM_HDR_BYTES, BRAID_SHM_HDR_BYTES);
-                    r->REQ_REMOTE = get_le64(hdr + BRAID_SHM_HDR_BYTES);
-                    r->REQ_CMA = 1;
-                    tail += BRAID_SHM_HDR_BYTES;
-                    avail -= BRAID_SHM_HDR_BYTES;
-                }
-                tail += BRAID_SHM_HDR_BYTES;
-                avail -= BRAID_SHM_HDR_BYTES;
-                r->REQ_HDR_DONE = 1;
-            }
-            if (r->REQ_CMA) {
-                size_t n = r->len - r->moved;
-                if (n > BRAID_SHM_CMA_PIECE)
-                    n = BRAID_SHM_CMA_PIECE;
-                struct iovec l = {.iov_base = (uint8_t *)r->buf + r->moved, .iov_len = n};
-                struct iovec rem = {.iov_base = (void *)(uintptr_t)(r->REQ_REMOTE + r->moved), .iov_len = n};
-                ssize_t got = process_vm_readv(c->peer_pid, &l, 1, &rem, 1, 0);
-                if (got <= 0) {
-                    st = cma_read_failed(c, r, got == 0 ? 0 : errno);
-                    break;
-                }
-                r->moved += (size_t)got;
-                any = 1;
-                if (r->moved < r->len)
-                    break; /* a turn for the other connections */
-                /* A sender that closed (abort) may have reused the buffer we
-                 * just read; it closes the socket before that, so a hang-up
-                 * seen now means the data cannot be trusted. */
-                struct pollfd p = {.fd = c->sock, .events = POLLIN | POLLRDHUP};
-                if (poll(&p, 1, 0) > 0) {
-                    check_sock(c, p.revents);
-                    if (c->peer_gone) {
-                        st = braid__error(BRAID_ERR_PEER, "rank %d: peer %d closed while its message of %zu bytes "
-                                                          "was being read", c->rank, c->base.peer, r->len);
-                        break;
-                    }
-                }
-                c->cma_read++;
-                atomic_store_explicit(&c->region->acked[c->side].v, c->cma_read, memory_order_release);
-                pop_recv(c);
-                continue;
-            }
-            size_t n = r->len - r->moved;
-            if (n > avail)
-                n = avail;
-            if (n) {
-                ring_read(c, tail, (uint8_t *)r->buf + r->moved, n);
-                tail += n;
-                r->moved += n;
-            }
-            if (r->moved < r->len)
-                break;
-            pop_recv(c);
-        }
-        if (tail != c->rx_tail) {
-            c->rx_tail = tail;
-            atomic_store_explicit(&c->rx->tail, tail, memory_order_release);
-            any = 1;
-        }
+        braid_status st = recv_pass(c, &any);
         if (st != BRAID_OK) {
             if (any)
                 notify_peer(c);

@@ -1,0 +1,258 @@
+/* Store server connections: accepting and admitting them, the handshake
+ * and the verdict on a member's job parameters, and a client's replies. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "status.h"
+#include "store_server_int.h"
+
+/* A rank has been given the reason the job failed. */
+void braid__store_mark_told(braid_store_server *s, int rank)
+{
+    if (s->told && rank >= 0 && (uint32_t)rank < s->job.size && !s->told[rank]) {
+        s->told[rank] = 1;
+        s->ntold++;
+    }
+}
+
+void braid__store_client_drop(client *c, int level, const char *why)
+{
+    if (c->state == CL_DEAD)
+        return;
+    if (c->rank >= 0)
+        BRAID_LOG(level, "store: dropping rank %d (%s): %s", c->rank, c->addr, why);
+    else
+        BRAID_LOG(level, "store: dropping unauthenticated connection from %s: %s", c->addr, why);
+    c->state = CL_DEAD;
+}
+
+void braid__store_client_free(client *c)
+{
+    if (c->fd >= 0)
+        close(c->fd);
+    braid__auth_accept_clear(&c->hs);
+    free(c->body);
+    free(c->out);
+    free(c);
+}
+
+/* Try to send the pending reply; on completion wait for the next request. */
+void braid__store_client_flush(client *c)
+{
+    while (c->out_pos < c->out_len) {
+        ssize_t n = send(c->fd, c->out + c->out_pos, c->out_len - c->out_pos, MSG_NOSIGNAL);
+        if (n >= 0) {
+            c->out_pos += (size_t)n;
+        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            c->state = CL_REPLY;
+            return;
+        } else if (errno != EINTR) {
+            char why[128];
+            snprintf(why, sizeof(why), "send: %s", strerror(errno));
+            braid__store_client_drop(c, BRAID_LOG_WARN, why);
+            return;
+        }
+    }
+    free(c->out);
+    c->out = NULL;
+    c->out_pos = c->out_len = 0;
+    free(c->body);
+    c->body = NULL;
+    c->hdr_pos = 0;
+    c->state = CL_HEADER;
+}
+
+void braid__store_client_reply(client *c, uint8_t code, const uint8_t *value, size_t len)
+{
+    braid_store_reply r = {.code = code, .value_len = (uint32_t)len};
+    c->out = malloc(BRAID_STORE_REPLY_BYTES + len);
+    if (!c->out) {
+        braid__store_client_drop(c, BRAID_LOG_WARN, "out of memory for a reply");
+        return;
+    }
+    braid__store_reply_encode(&r, c->out);
+    if (len)
+        memcpy(c->out + BRAID_STORE_REPLY_BYTES, value, len);
+    c->out_pos = 0;
+    c->out_len = BRAID_STORE_REPLY_BYTES + len;
+    c->deadline = -1;
+    braid__store_client_flush(c);
+}
+
+/* Members that cannot form one job: every waiting and later request is
+ * answered with the reason, so each member stops at once. */
+static void fail_job(braid_store_server *s, const char *why)
+{
+    if (s->failed[0])
+        return;
+    snprintf(s->failed, sizeof(s->failed), "%s", why);
+    BRAID_WARN("store: the job cannot start: %s", why);
+    for (client *c = s->clients; c; c = c->next) {
+        if (c->state == CL_PARKED) {
+            braid__store_mark_told(s, c->rank);
+            braid__store_client_reply(c, BRAID_STORE_REPLY_FAILED, (const uint8_t *)s->failed, strlen(s->failed));
+        }
+    }
+}
+
+/* The connection no longer counts as unproven for admission. */
+void braid__store_client_proven(braid_store_server *s, client *c)
+{
+    if (c->unproven)
+        braid__admit_leave(&s->admit, c->host);
+    c->unproven = 0;
+}
+
+/* The verdict on a client that has proven the secret: its parameters. */
+static uint32_t judge(braid_store_server *s, client *c)
+{
+    char why[384], name[32];
+    int bound;
+    snprintf(name, sizeof(name), "rank %d", c->hs.peer.rank);
+    if (c->hs.peer.job.size > 0 && c->hs.peer.job.size < s->expect)
+        s->expect = c->hs.peer.job.size;
+    if (!braid__job_params_diff(&c->hs.peer.job, name, &s->job, "rank 0 (the store)", why, sizeof(why), &bound))
+        return BRAID_AUTH_ACCEPTED;
+    char text[448];
+    snprintf(text, sizeof(text), "job parameters differ: %s", why);
+    fail_job(s, text);
+    braid__store_mark_told(s, c->hs.peer.rank); /* the refusal names the parameter: it learns from its own hello */
+    return BRAID_AUTH_REJECT_PARAMS;
+}
+
+/* A wrong proof that is a valid mismatch claim (auth.h) from a process
+ * of this user for a rank no member holds: its parameters, which the
+ * secret derives from, differ from the job's, so that rank can never
+ * join. Fail the job with the cause, as for a proven member (judge).
+ * Returns 1 when the claim was taken. */
+static int take_claim(braid_store_server *s, client *c)
+{
+    const braid_hello *h = &c->hs.peer;
+    if (!s->job.has_claim_key || s->failed[0] || h->job.size == 0 || h->rank <= 0 || (uint32_t)h->rank >= s->job.size ||
+        !braid__auth_claim_valid(&c->hs, s->job.claim_key))
+        return 0;
+    for (client *o = s->clients; o; o = o->next)
+        if (o != c && o->rank == h->rank && o->state != CL_DEAD)
+            return 0; /* a member holds that rank: this is another job's */
+    char why[384], name[32];
+    int bound;
+    snprintf(name, sizeof(name), "rank %d", h->rank);
+    if (!braid__job_params_diff(&h->job, name, &s->job, "rank 0 (the store)", why, sizeof(why), &bound) || !bound)
+        return 0;
+    char text[448];
+    snprintf(text, sizeof(text), "job parameters differ: %s", why);
+    fail_job(s, text);
+    braid__store_mark_told(s, h->rank); /* it found the difference itself, from our hello */
+    return 1;
+}
+
+void braid__store_step_handshake(braid_store_server *s, client *c)
+{
+    if (braid__auth_accept_step(&c->hs, c->fd) != BRAID_OK) {
+        if (c->hs.bad_proof && take_claim(s, c)) {
+            braid__store_client_proven(s, c);
+            braid__store_client_drop(c, BRAID_LOG_INFO,
+                                     "rank with different job parameters (claim proven by the key file)");
+            return;
+        }
+        if (c->hs.bad_proof) {
+            /* Hold the connection, silent, before the close. */
+            int delay = braid__admit_fail(&s->admit, c->host, braid__now_ms());
+            BRAID_WARN("store: connection from %s: %s; closing it in %d ms", c->addr, braid_last_error(), delay);
+            c->state = CL_DELAY;
+            c->deadline = braid__now_ms() + delay;
+            return;
+        }
+        /* A bare connect-and-close is a port scan or a health check. */
+        int quiet = c->hs.bytes_in == 0 && c->hs.state == BRAID_AUTH_RECV_HELLO;
+        braid__store_client_drop(c, quiet ? BRAID_LOG_INFO : BRAID_LOG_WARN, braid_last_error());
+        return;
+    }
+    if (c->hs.state == BRAID_AUTH_VERIFIED) {
+        braid__store_client_proven(s, c);
+        braid__auth_accept_finish(&c->hs, judge(s, c));
+        if (braid__auth_accept_step(&c->hs, c->fd) != BRAID_OK) {
+            braid__store_client_drop(c, BRAID_LOG_WARN, braid_last_error());
+            return;
+        }
+    }
+    if (c->hs.state == BRAID_AUTH_DONE) {
+        if (c->hs.result != BRAID_AUTH_ACCEPTED) {
+            braid__store_client_drop(c, BRAID_LOG_INFO, braid__auth_result_string(c->hs.result));
+            return;
+        }
+        c->rank = c->hs.peer.rank;
+        c->deadline = -1;
+        c->state = CL_HEADER;
+        braid__auth_accept_clear(&c->hs);
+        BRAID_TRACE("store: rank %d connected from %s", c->rank, c->addr);
+    }
+}
+
+/* Make room for a newcomer: drop the oldest unproven connection (of host,
+ * or of anybody when NULL), one whose proof failed first. The list runs
+ * newest first. */
+static void evict_oldest(braid_store_server *s, const char *host)
+{
+    client *victim = NULL;
+    for (client *c = s->clients; c; c = c->next) {
+        if (!c->unproven || c->state == CL_DEAD || (host && strcmp(c->host, host) != 0))
+            continue;
+        if (!victim || c->state == CL_DELAY || victim->state != CL_DELAY)
+            victim = c;
+    }
+    if (victim) {
+        braid__store_client_drop(victim, BRAID_LOG_INFO, "too many unauthenticated connections: oldest dropped");
+        braid__store_client_proven(s, victim);
+    }
+}
+
+void braid__store_accept_clients(braid_store_server *s)
+{
+    for (;;) {
+        braid_sockaddr a;
+        a.len = sizeof(a.ss);
+        int fd = accept4(s->listen_fd, (struct sockaddr *)&a.ss, &a.len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == ENOBUFS) {
+                BRAID_WARN("store: accept: %m; pausing new connections for %d ms", ACCEPT_PAUSE_MS);
+                s->accept_resume = braid__now_ms() + ACCEPT_PAUSE_MS;
+            } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
+                BRAID_WARN("store: accept: %m");
+            }
+            return;
+        }
+        client *c = calloc(1, sizeof(*c));
+        braid_hello self = {.role = BRAID_ROLE_STORE_SERVER, .rank = 0, .target = -1, .job = s->job};
+        if (!c || braid__auth_accept_init(&c->hs, s->secret, &self, BRAID_ROLE_STORE_CLIENT) != BRAID_OK) {
+            BRAID_WARN("store: cannot take a new connection: out of memory or randomness");
+            free(c);
+            close(fd);
+            continue;
+        }
+        braid__sock_tune(fd);
+        c->fd = fd;
+        c->rank = -1;
+        c->state = CL_HANDSHAKE;
+        c->deadline = braid__now_ms() + braid__store_handshake_ms;
+        braid__sock_addr_format(&a, c->addr, sizeof(c->addr));
+        braid__admit_host(&a, c->host);
+        int evict = braid__admit_enter(&s->admit, c->host);
+        if (evict < 0) {
+            BRAID_WARN("store: cannot take a connection from %s: out of memory", c->addr);
+            braid__store_client_free(c);
+            continue;
+        }
+        c->unproven = 1;
+        if (evict)
+            evict_oldest(s, evict == 1 ? c->host : NULL);
+        c->next = s->clients;
+        s->clients = c;
+        s->nclients++;
+    }
+}

@@ -1,0 +1,19 @@
+/* Group set-up shared by pg.c (create, destroy and the public entry
+ * points), pg_config.c and pg_join.c. Internal to those. */
+#ifndef BRAID_PG_INT_H
+#define BRAID_PG_INT_H
+
+#include "braid.h"
+#include "pg.h"
+#include "pg_rendezvous.h"
+
+/* Settle the group's timeouts, socket count, chunk size, algorithm and
+ * checksum from cfg (NULL: none), then BRAID_* variables, then defaults. */
+braid_status braid__pg_apply_config(braid_pg *pg, const braid_config *cfg);
+
+/* Join the group described by rv: everything from the configuration to
+ * the connected peers and the executor thread. On failure the caller
+ * releases pg. */
+braid_status braid__pg_join(braid_pg *pg, const braid_rendezvous *rv, const braid_config *cfg);
+
+#endif
