@@ -298,9 +298,12 @@ BRAID_API braid_status braid_reduce(braid_pg *pg, const void *send, void *recv, 
  * once, then summed as SUM does. f16/bf16: the product is computed in f32
  * (exact) and rounded once to the dtype, then summed as SUM does. Ranks
  * must all call the same *_mulsum function (a plain SUM on another rank
- * is BRAID_ERR_MISMATCH). Device memory: braid_allreduce_mulsum only, as
- * braid_allreduce. The input is scaled into recv (allreduce) or a
- * temporary copy when the collective runs, so send is never written. */
+ * is BRAID_ERR_MISMATCH, or BRAID_ERR_PEER on a rank that only saw it
+ * fail). A NULL scalar is BRAID_ERR_INVALID_ARG, refused to the peers as
+ * a plain call's bad argument is. Host memory only for now: CUDA device
+ * buffers are BRAID_ERR_UNSUPPORTED. The input is scaled into recv
+ * (allreduce) or a temporary copy when the collective runs, so send is
+ * never written. */
 
 BRAID_API braid_status braid_allreduce_mulsum(braid_pg *pg, const void *send, void *recv, size_t count,
                                               braid_dtype dtype, const void *scalar, void *cuda_stream,

@@ -13,6 +13,7 @@
 #include "coll_check.h"
 #include "hmem.h"
 #include "pg.h"
+#include "refuse.h"
 #include "reduce/reduce.h"
 #include "status.h"
 
@@ -62,9 +63,18 @@ static braid_status check_scalar(braid_pg *pg, const char *name, const void *sca
     return BRAID_OK;
 }
 
-BRAID_API braid_status braid_allreduce_mulsum(braid_pg *pg, const void *send, void *recv, size_t count,
-                                              braid_dtype dtype, const void *scalar, void *cuda_stream,
-                                              braid_work **work)
+/* A call its checks refuse is refused to the peers as well (refuse.h), as
+ * the plain calls do: else they would wait for it until the timeout. */
+static braid_status refused(braid_pg *pg, braid_status st, braid_coll_kind kind, const void *send, void *recv,
+                            size_t count, braid_dtype dtype, int root)
+{
+    braid_coll c = {.kind = kind, .send = send, .recv = recv, .count = count, .dtype = dtype, .op = BRAID_MULSUM,
+                    .root = root};
+    return st == BRAID_ERR_INVALID_ARG ? braid__coll_refuse(pg, &c, st) : st;
+}
+
+static braid_status allreduce_checked(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
+                                      const void *scalar, void *cuda_stream, braid_work **work)
 {
     const char *name = "allreduce_mulsum";
     BRAID_CHECK(check_scalar(pg, name, scalar));
@@ -75,18 +85,31 @@ BRAID_API braid_status braid_allreduce_mulsum(braid_pg *pg, const void *send, vo
     return braid__allreduce_submit(pg, name, send, recv, count, dtype, BRAID_MULSUM, scalar, cuda_stream, work);
 }
 
+BRAID_API braid_status braid_allreduce_mulsum(braid_pg *pg, const void *send, void *recv, size_t count,
+                                              braid_dtype dtype, const void *scalar, void *cuda_stream,
+                                              braid_work **work)
+{
+    braid_status st = allreduce_checked(pg, send, recv, count, dtype, scalar, cuda_stream, work);
+    return refused(pg, st, BRAID_COLL_ALLREDUCE, send, recv, count, dtype, -1);
+}
+
 BRAID_API braid_status braid_reduce_mulsum(braid_pg *pg, const void *send, void *recv, size_t count,
                                            braid_dtype dtype, const void *scalar, int root, void *cuda_stream,
                                            braid_work **work)
 {
-    BRAID_CHECK(check_scalar(pg, "reduce_mulsum", scalar));
-    return braid__reduce_submit(pg, send, recv, count, dtype, BRAID_MULSUM, scalar, root, cuda_stream, work);
+    braid_status st = check_scalar(pg, "reduce_mulsum", scalar);
+    if (st == BRAID_OK)
+        st = braid__reduce_submit(pg, send, recv, count, dtype, BRAID_MULSUM, scalar, root, cuda_stream, work);
+    return refused(pg, st, BRAID_COLL_REDUCE, send, recv, count, dtype, root);
 }
 
 BRAID_API braid_status braid_reduce_scatter_mulsum(braid_pg *pg, const void *send, void *recv, size_t recvcount,
                                                    braid_dtype dtype, const void *scalar, void *cuda_stream,
                                                    braid_work **work)
 {
-    BRAID_CHECK(check_scalar(pg, "reduce_scatter_mulsum", scalar));
-    return braid__reduce_scatter_submit(pg, send, recv, recvcount, dtype, BRAID_MULSUM, scalar, cuda_stream, work);
+    braid_status st = check_scalar(pg, "reduce_scatter_mulsum", scalar);
+    if (st == BRAID_OK)
+        st = braid__reduce_scatter_submit(pg, send, recv, recvcount, dtype, BRAID_MULSUM, scalar, cuda_stream,
+                                          work);
+    return refused(pg, st, BRAID_COLL_REDUCE_SCATTER, send, recv, recvcount, dtype, -1);
 }

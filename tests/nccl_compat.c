@@ -35,33 +35,20 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "nccl_compat.h"
+
 /* nccl_device/core.h (C++ only) declares these two; PyTorch imports them. */
 struct ncclDevComm;
 struct ncclDevCommRequirements;
 ncclResult_t ncclDevCommCreate(ncclComm_t, const struct ncclDevCommRequirements *, struct ncclDevComm *);
 ncclResult_t ncclDevCommDestroy(ncclComm_t, const struct ncclDevComm *);
 
-static int g_rank = -1;
-
-#define FAIL(...)                                                                                                      \
-    do {                                                                                                               \
-        fprintf(stderr, "rank %d: %s:%d: ", g_rank, __FILE__, __LINE__);                                              \
-        fprintf(stderr, __VA_ARGS__);                                                                                  \
-        fputc('\n', stderr);                                                                                           \
-        return 1;                                                                                                      \
-    } while (0)
-
-#define CHECK(cmd)                                                                                                     \
-    do {                                                                                                               \
-        ncclResult_t r_ = (cmd);                                                                                       \
-        if (r_ != ncclSuccess)                                                                                         \
-            FAIL("%s failed: %s: %s", #cmd, ncclGetErrorString(r_), ncclGetLastError(NULL));                           \
-    } while (0)
+int g_rank = -1;
 
 /* A word said twice in a row ("BRAID_ERR_PEER: BRAID_ERR_PEER: ..."), as
  * a status name does when one layer adds it to a text that has it: the
  * word, or NULL. */
-static const char *doubled_word(const char *text)
+const char *doubled_word(const char *text)
 {
     static char word[64];
     for (const char *p = text; *p; p++) {
@@ -81,20 +68,6 @@ static const char *doubled_word(const char *text)
     }
     return NULL;
 }
-
-/* A specific failure whose text mentions needle and no name twice. */
-#define EXPECT(cmd, code, needle)                                                                                      \
-    do {                                                                                                               \
-        ncclResult_t r_ = (cmd);                                                                                       \
-        if (r_ != (code))                                                                                              \
-            FAIL("%s returned %s (%s), want %s", #cmd, ncclGetErrorString(r_), ncclGetLastError(NULL),                 \
-                 ncclGetErrorString(code));                                                                            \
-        if ((needle) && !strstr(ncclGetLastError(NULL), (needle) ? (needle) : ""))                                     \
-            FAIL("%s: error text \"%s\" lacks \"%s\"", #cmd, ncclGetLastError(NULL), (needle) ? (needle) : "");       \
-        if (doubled_word(ncclGetLastError(NULL)))                                                                      \
-            FAIL("%s: error text \"%s\" says \"%s\" twice", #cmd, ncclGetLastError(NULL),                              \
-                 doubled_word(ncclGetLastError(NULL)));                                                                \
-    } while (0)
 
 /* Poll ncclCommGetAsyncError until comm leaves ncclInProgress (bounded). */
 static ncclResult_t settle(ncclComm_t comm, ncclResult_t r)
@@ -383,18 +356,6 @@ static int test_collectives(ncclComm_t comm, int rank, int n)
     CHECK(ncclGroupEnd());
     if (in != (rank + n - 1) % n)
         FAIL("ring send/recv got %d", in);
-
-    /* PreMulSum: sum of 3*x */
-    ncclRedOp_t op;
-    int32_t three = 3;
-    CHECK(ncclRedOpCreatePreMulSum(&op, &three, ncclInt32, ncclScalarHostImmediate, comm));
-    for (int i = 0; i < C; i++)
-        send[i] = val(rank, (size_t)i);
-    CHECK(ncclAllReduce(send, recv, C, ncclInt32, op, comm, NULL));
-    CHECK(ncclRedOpDestroy(op, comm));
-    for (int i = 0; i < C; i++)
-        if (recv[i] != 3 * sum[i])
-            FAIL("PreMulSum element %d is %d", i, recv[i]);
 
     /* fp8: moved as bytes, never reduced */
     unsigned char f8[4] = {(unsigned char)rank, 1, 2, 3}, f8all[4 * 4 * 8];
@@ -696,7 +657,8 @@ static int rank_main(int rank, int n, const ids *id)
     bcfg.blocking = 1;
     bcfg.commName = "compat";
     CHECK(ncclCommSplit(nb, 0, rank, &comm, &bcfg));
-    if (test_collectives(comm, rank, n) || test_comm_queries(comm, rank, n) || test_simulate(comm, rank, n))
+    if (test_collectives(comm, rank, n) || test_premulsum(comm, rank, n) || test_comm_queries(comm, rank, n) ||
+        test_simulate(comm, rank, n))
         return 1;
     CHECK(ncclCommFinalize(nb));
     CHECK(ncclCommDestroy(nb));

@@ -357,9 +357,22 @@ static int test_mixed(ctx *c)
     NC(ncclMemFree(mem));
 
     /* What braid cannot do is refused at the call, on device buffers too. */
-    ncclResult_t r = ncclAllReduce(c->d0, c->d0, COUNT, ncclUint32, ncclMax, c->comm, c->s);
-    if (r != ncclInvalidUsage || !strstr(ncclGetLastError(NULL), "unsigned"))
-        FAIL("unsigned max on device buffers gave %s: %s", ncclGetErrorString(r), ncclGetLastError(NULL));
+    ncclResult_t r = ncclAllReduce(c->d0, c->d0, COUNT, ncclFloat8e4m3, ncclSum, c->comm, c->s);
+    if (r != ncclInvalidUsage || !strstr(ncclGetLastError(NULL), "fp8"))
+        FAIL("fp8 sum on device buffers gave %s: %s", ncclGetErrorString(r), ncclGetLastError(NULL));
+    /* Unsigned max compares as unsigned: a negative int32 input is the largest. */
+    if (put(c, c->d0, COUNT, c->rank))
+        return 1;
+    NC(ncclAllReduce(c->d0, c->d0, COUNT, ncclUint32, ncclMax, c->comm, c->s));
+    if (fetch(c, c->d0, COUNT))
+        return 1;
+    for (size_t i = 0; i < COUNT; i++) {
+        uint32_t want = 0;
+        for (int p = 0; p < c->n; p++)
+            want = (uint32_t)in_val(p, i) > want ? (uint32_t)in_val(p, i) : want;
+        if ((uint32_t)c->h[i] != want)
+            FAIL("u32 max on device buffers: element %zu is %u, want %u", i, (uint32_t)c->h[i], want);
+    }
     ncclResult_t async;
     NC(ncclCommGetAsyncError(c->comm, &async));
     if (async != ncclSuccess)
