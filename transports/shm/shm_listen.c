@@ -14,7 +14,6 @@
  * the job's own user can map its memory anyway. A silent or slow socket
  * costs one pollfd until its handshake limit, never a member's time. */
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
@@ -34,6 +33,7 @@
 #include "shm.h"
 #include "shm_conn.h"
 #include "status.h"
+#include "transports/common/acceptor.h"
 
 #define ADDR_PREFIX "unix:@"
 #define RETRY_MS 5
@@ -49,19 +49,10 @@ typedef struct {
 } pending;
 
 typedef struct {
-    braid_listener base;       /* first: braid_listener * downcasts to this */
-    braid_transport_ctx ctx;
-    char addr[BRAID_ADDR_MAX];
-    int listen_fd;
-    int wake[2];
-    int hs_timeout_ms;
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int stopping;
-    braid_shm_conn **parked;   /* [ctx.size]: connections not yet accept()ed */
-    uint8_t *taken;            /* [ctx.size] */
-    uint8_t *claimed;          /* [ctx.size]: authenticated, set-up under way (accept thread only) */
+    braid_acceptor core;       /* first: braid_listener * downcasts to this */
+    braid_shm_conn **parked;   /* [core.ctx.size]: connections not yet accept()ed */
+    uint8_t *taken;            /* [core.ctx.size] */
+    uint8_t *claimed;          /* [core.ctx.size]: authenticated, set-up under way (accept thread only) */
     pending *pend;             /* [PENDING_MAX] (accept thread only) */
     int npend;
     unsigned refused_uids;     /* other-uid connections refused, for the log */
@@ -93,20 +84,20 @@ static braid_status addr_parse(const char *text, struct sockaddr_un *sa, socklen
 static uint32_t judge(shm_listener *l, const braid_hello *h)
 {
     uint32_t verdict = BRAID_AUTH_ACCEPTED;
-    if (h->pg_tag != l->ctx.pg_tag)
+    if (h->pg_tag != l->core.ctx.pg_tag)
         verdict = BRAID_AUTH_REJECT_GROUP;
-    else if (h->target != l->ctx.rank || h->rank >= l->ctx.size || h->rank == l->ctx.rank)
+    else if (h->target != l->core.ctx.rank || h->rank >= l->core.ctx.size || h->rank == l->core.ctx.rank)
         verdict = BRAID_AUTH_REJECT_RANK;
     else if (h->nsocks != 1 || h->sock_index != 0)
         verdict = BRAID_AUTH_REJECT_SOCKETS;
     else {
-        pthread_mutex_lock(&l->mu);
+        pthread_mutex_lock(&l->core.mu);
         if (l->taken[h->rank] || l->parked[h->rank] || l->claimed[h->rank])
             verdict = BRAID_AUTH_REJECT_DUPLICATE;
-        pthread_mutex_unlock(&l->mu);
+        pthread_mutex_unlock(&l->core.mu);
     }
     if (verdict != BRAID_AUTH_ACCEPTED)
-        BRAID_WARN("rank %d: refusing shared-memory rank %d: %s", l->ctx.rank, h->rank,
+        BRAID_WARN("rank %d: refusing shared-memory rank %d: %s", l->core.ctx.rank, h->rank,
                    braid__auth_result_string(verdict));
     return verdict;
 }
@@ -163,7 +154,7 @@ static void pending_drop(shm_listener *l, int i, const char *why)
     pending *p = &l->pend[i];
     if (why)
         BRAID_LOG(p->hs.bytes_in ? BRAID_LOG_WARN : BRAID_LOG_INFO, "rank %d: dropped a shared-memory connection: %s",
-                  l->ctx.rank, why);
+                  l->core.ctx.rank, why);
     if (p->fd >= 0)
         close(p->fd);
     if (p->claimed >= 0)
@@ -190,14 +181,14 @@ static void finish_setup(shm_listener *l, int i)
         goto err_close_fds;
     }
     int efd[2] = {fds[1], fds[2]};
-    if (braid_shm_conn_create(l->ctx.rank, rank, 1, p->fd, fds[0], efd, (size_t)setup.ring_bytes, &c) != BRAID_OK)
+    if (braid_shm_conn_create(l->core.ctx.rank, rank, 1, p->fd, fds[0], efd, (size_t)setup.ring_bytes, &c) != BRAID_OK)
         goto err_close_fds;
     p->fd = -1; /* the connection owns it now */
-    pthread_mutex_lock(&l->mu);
+    pthread_mutex_lock(&l->core.mu);
     l->parked[rank] = c; /* claimed by this socket alone: the slot is empty */
-    pthread_cond_broadcast(&l->cv);
-    pthread_mutex_unlock(&l->mu);
-    BRAID_TRACE("rank %d: shared-memory peer %d authenticated", l->ctx.rank, rank);
+    pthread_cond_broadcast(&l->core.cv);
+    pthread_mutex_unlock(&l->core.mu);
+    BRAID_TRACE("rank %d: shared-memory peer %d authenticated", l->core.ctx.rank, rank);
     pending_drop(l, i, NULL);
     return;
 
@@ -246,7 +237,7 @@ static int peer_is_us(shm_listener *l, int fd)
     struct ucred cred;
     socklen_t len = sizeof(cred);
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || len != sizeof(cred)) {
-        BRAID_WARN("rank %d: shared-memory connection without peer credentials: %m; refused", l->ctx.rank);
+        BRAID_WARN("rank %d: shared-memory connection without peer credentials: %m; refused", l->core.ctx.rank);
         return 0;
     }
     if (cred.uid == geteuid())
@@ -254,17 +245,17 @@ static int peer_is_us(shm_listener *l, int fd)
     /* Say it once, then count: a flood must not flood the log. */
     if (l->refused_uids++ == 0)
         BRAID_WARN("rank %d: refused a shared-memory connection from uid %u (pid %d): not this job's user (uid %u)",
-                   l->ctx.rank, (unsigned)cred.uid, (int)cred.pid, (unsigned)geteuid());
+                   l->core.ctx.rank, (unsigned)cred.uid, (int)cred.pid, (unsigned)geteuid());
     return 0;
 }
 
 static void accept_new(shm_listener *l)
 {
     for (;;) {
-        int fd = accept4(l->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd = accept4(l->core.listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == ENOBUFS) {
-                BRAID_WARN("rank %d: shared-memory accept: %m; pausing", l->ctx.rank);
+                BRAID_WARN("rank %d: shared-memory accept: %m; pausing", l->core.ctx.rank);
                 poll(NULL, 0, 100);
             }
             return;
@@ -281,16 +272,17 @@ static void accept_new(shm_listener *l)
             pending_drop(l, oldest, "too many connections in set-up: oldest dropped");
         }
         pending *p = &l->pend[l->npend];
-        braid_hello self = {.role = BRAID_ROLE_TCP_ACCEPT, .rank = l->ctx.rank, .target = -1, .pg_tag = l->ctx.pg_tag};
-        if (braid__auth_accept_init(&p->hs, l->ctx.secret, &self, BRAID_ROLE_TCP_CONNECT) != BRAID_OK) {
-            BRAID_WARN("rank %d: shared-memory accept: %s", l->ctx.rank, braid_last_error());
+        braid_hello self = {
+            .role = BRAID_ROLE_TCP_ACCEPT, .rank = l->core.ctx.rank, .target = -1, .pg_tag = l->core.ctx.pg_tag};
+        if (braid__auth_accept_init(&p->hs, l->core.ctx.secret, &self, BRAID_ROLE_TCP_CONNECT) != BRAID_OK) {
+            BRAID_WARN("rank %d: shared-memory accept: %s", l->core.ctx.rank, braid_last_error());
             close(fd);
             continue;
         }
         p->fd = fd;
         p->setup = 0;
         p->claimed = -1;
-        p->deadline = braid__now_ms() + l->hs_timeout_ms;
+        p->deadline = braid__now_ms() + l->core.hs_timeout_ms;
         l->npend++;
     }
 }
@@ -308,8 +300,8 @@ static void *accept_main(void *arg)
                 i++;
         }
         int timeout = -1;
-        pfd[0] = (struct pollfd){.fd = l->wake[0], .events = POLLIN};
-        pfd[1] = (struct pollfd){.fd = l->listen_fd, .events = POLLIN};
+        pfd[0] = (struct pollfd){.fd = l->core.wake[0], .events = POLLIN};
+        pfd[1] = (struct pollfd){.fd = l->core.listen_fd, .events = POLLIN};
         int n = l->npend;
         for (int i = 0; i < n; i++) {
             pending *p = &l->pend[i];
@@ -321,7 +313,7 @@ static void *accept_main(void *arg)
         int rc = poll(pfd, (nfds_t)(2 + n), timeout);
         if (rc < 0) {
             if (errno != EINTR) {
-                BRAID_WARN("rank %d: shared-memory listener poll: %m", l->ctx.rank);
+                BRAID_WARN("rank %d: shared-memory listener poll: %m", l->core.ctx.rank);
                 poll(NULL, 0, 100);
             }
             continue;
@@ -348,11 +340,7 @@ braid_status braid_shm_listen(const braid_transport_ctx *ctx, braid_listener **l
     shm_listener *l = calloc(1, sizeof(*l));
     if (!l)
         return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for a listener", ctx->rank);
-    l->base.ops = &braid__shm_ops;
-    l->ctx = *ctx;
-    l->hs_timeout_ms = ctx->timeout_ms > 0 && ctx->timeout_ms < BRAID_SHM_HANDSHAKE_MAX_MS
-                           ? ctx->timeout_ms
-                           : BRAID_SHM_HANDSHAKE_MAX_MS;
+    braid__acceptor_init(&l->core, &braid__shm_ops, ctx, BRAID_SHM_HANDSHAKE_MAX_MS);
     l->parked = calloc((size_t)ctx->size, sizeof(*l->parked));
     l->taken = calloc((size_t)ctx->size, 1);
     l->claimed = calloc((size_t)ctx->size, 1);
@@ -365,53 +353,29 @@ braid_status braid_shm_listen(const braid_transport_ctx *ctx, braid_listener **l
     BRAID_CHECK_GOTO(braid__random_bytes(rnd, sizeof(rnd)), st, err_free);
     uint64_t salt;
     memcpy(&salt, rnd, sizeof(salt));
-    snprintf(l->addr, sizeof(l->addr), ADDR_PREFIX "braid-shm-%016" PRIx64 "-%d-%016" PRIx64, ctx->pg_tag,
+    snprintf(l->core.addr, sizeof(l->core.addr), ADDR_PREFIX "braid-shm-%016" PRIx64 "-%d-%016" PRIx64, ctx->pg_tag,
              ctx->rank, salt);
     struct sockaddr_un sa;
     socklen_t salen;
-    BRAID_CHECK_GOTO(addr_parse(l->addr, &sa, &salen), st, err_free);
-    l->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (l->listen_fd < 0) {
+    BRAID_CHECK_GOTO(addr_parse(l->core.addr, &sa, &salen), st, err_free);
+    l->core.listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (l->core.listen_fd < 0) {
         st = braid__error(BRAID_ERR_SYSTEM, "rank %d: unix socket: %m", ctx->rank);
         goto err_free;
     }
-    if (bind(l->listen_fd, (struct sockaddr *)&sa, salen) != 0 || listen(l->listen_fd, 128) != 0) {
-        st = braid__error(BRAID_ERR_SYSTEM, "rank %d: listening on %s: %m", ctx->rank, l->addr);
+    if (bind(l->core.listen_fd, (struct sockaddr *)&sa, salen) != 0 || listen(l->core.listen_fd, 128) != 0) {
+        st = braid__error(BRAID_ERR_SYSTEM, "rank %d: listening on %s: %m", ctx->rank, l->core.addr);
         goto err_close_listen;
     }
-    if (pipe2(l->wake, O_CLOEXEC | O_NONBLOCK) != 0) {
-        st = braid__error(BRAID_ERR_SYSTEM, "rank %d: pipe: %m", ctx->rank);
-        goto err_close_listen;
-    }
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    int rc = pthread_cond_init(&l->cv, &ca);
-    pthread_condattr_destroy(&ca);
-    if (rc != 0) {
-        st = braid__error(BRAID_ERR_SYSTEM, "rank %d: pthread_cond_init failed (%d)", ctx->rank, rc);
-        goto err_close_pipe;
-    }
-    pthread_mutex_init(&l->mu, NULL);
-    rc = pthread_create(&l->thread, NULL, accept_main, l);
-    if (rc != 0) {
-        errno = rc;
-        st = braid__error(BRAID_ERR_SYSTEM, "rank %d: cannot start the shared-memory accept thread: %m", ctx->rank);
-        goto err_destroy_sync;
-    }
-    snprintf(addr, BRAID_ADDR_MAX, "%s", l->addr);
-    BRAID_INFO("rank %d: shm listening on %s", ctx->rank, l->addr);
-    *listener = &l->base;
+    BRAID_CHECK_GOTO(braid__acceptor_start(&l->core, accept_main, l, "shared-memory accept thread"), st,
+                     err_close_listen);
+    snprintf(addr, BRAID_ADDR_MAX, "%s", l->core.addr);
+    BRAID_INFO("rank %d: shm listening on %s", ctx->rank, l->core.addr);
+    *listener = &l->core.base;
     return BRAID_OK;
 
-err_destroy_sync:
-    pthread_mutex_destroy(&l->mu);
-    pthread_cond_destroy(&l->cv);
-err_close_pipe:
-    close(l->wake[0]);
-    close(l->wake[1]);
 err_close_listen:
-    close(l->listen_fd);
+    close(l->core.listen_fd);
 err_free:
     free(l->parked);
     free(l->taken);
@@ -424,41 +388,30 @@ err_free:
 braid_status braid_shm_accept(braid_listener *listener, int peer, int timeout_ms, braid_conn **conn)
 {
     shm_listener *l = listener_of(listener);
-    if (peer < 0 || peer >= l->ctx.size)
-        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: accept from peer %d of a group of %d", l->ctx.rank,
-                            peer, l->ctx.size);
-    if (timeout_ms <= 0)
-        timeout_ms = l->ctx.timeout_ms > 0 ? l->ctx.timeout_ms : 300000;
-    int64_t deadline = braid__now_ms() + timeout_ms;
-    struct timespec ts = {(time_t)(deadline / 1000), (long)(deadline % 1000) * 1000000L};
+    struct timespec ts;
+    BRAID_CHECK(braid__acceptor_deadline(&l->core, peer, &timeout_ms, &ts));
     braid_status st;
-    pthread_mutex_lock(&l->mu);
-    while (!l->stopping && !l->taken[peer] && !l->parked[peer]) {
-        if (pthread_cond_timedwait(&l->cv, &l->mu, &ts) == ETIMEDOUT && !l->parked[peer]) {
+    pthread_mutex_lock(&l->core.mu);
+    while (!l->core.stopping && !l->taken[peer] && !l->parked[peer]) {
+        if (pthread_cond_timedwait(&l->core.cv, &l->core.mu, &ts) == ETIMEDOUT && !l->parked[peer]) {
             st = braid__error(BRAID_ERR_TIMEOUT, "rank %d: timed out after %d ms waiting for peer %d to connect to %s",
-                              l->ctx.rank, timeout_ms, peer, l->addr);
+                              l->core.ctx.rank, timeout_ms, peer, l->core.addr);
             goto out_unlock;
         }
     }
-    if (l->stopping) {
-        st = braid__error(BRAID_ERR_ABORTED, "rank %d: listener closed while waiting for peer %d", l->ctx.rank, peer);
+    st = braid__acceptor_check(&l->core, peer, l->taken[peer]);
+    if (st != BRAID_OK)
         goto out_unlock;
-    }
-    if (l->taken[peer]) {
-        st = braid__error(BRAID_ERR_INVALID_ARG, "rank %d: the connection from peer %d was already accepted",
-                          l->ctx.rank, peer);
-        goto out_unlock;
-    }
     braid_shm_conn *c = l->parked[peer];
     l->parked[peer] = NULL; /* the caller owns it now */
     l->taken[peer] = 1;
-    pthread_mutex_unlock(&l->mu);
-    BRAID_INFO("rank %d: accepted shared-memory peer %d", l->ctx.rank, peer);
+    pthread_mutex_unlock(&l->core.mu);
+    BRAID_INFO("rank %d: accepted shared-memory peer %d", l->core.ctx.rank, peer);
     *conn = &c->base;
     return BRAID_OK;
 
 out_unlock:
-    pthread_mutex_unlock(&l->mu);
+    pthread_mutex_unlock(&l->core.mu);
     return st;
 }
 
@@ -467,28 +420,15 @@ void braid_shm_close_listener(braid_listener *listener)
     if (!listener)
         return;
     shm_listener *l = listener_of(listener);
-    pthread_mutex_lock(&l->mu);
-    l->stopping = 1;
-    pthread_cond_broadcast(&l->cv);
-    pthread_mutex_unlock(&l->mu);
-    ssize_t w;
-    do {
-        w = write(l->wake[1], "x", 1);
-    } while (w < 0 && errno == EINTR);
-    pthread_join(l->thread, NULL);
-    for (int r = 0; r < l->ctx.size; r++)
+    braid__acceptor_stop(&l->core);
+    for (int r = 0; r < l->core.ctx.size; r++)
         if (l->parked[r])
             braid_shm_close(&l->parked[r]->base);
     free(l->parked);
     free(l->taken);
     free(l->claimed);
     free(l->pend);
-    close(l->wake[0]);
-    close(l->wake[1]);
-    close(l->listen_fd);
-    pthread_mutex_destroy(&l->mu);
-    pthread_cond_destroy(&l->cv);
-    memset(l->ctx.secret, 0, sizeof(l->ctx.secret));
+    braid__acceptor_fini(&l->core);
     free(l);
 }
 

@@ -3,7 +3,6 @@
  * connections are dropped at their deadline without delaying anyone) and
  * parks good ones per peer rank until accept() takes the whole set. */
 #include <errno.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -19,6 +18,7 @@
 #include "status.h"
 #include "tcp.h"
 #include "tcp_conn.h"
+#include "transports/common/acceptor.h"
 
 #define ACCEPT_PAUSE_MS 100
 #define FD_CLAIMED (-2) /* a verified socket whose verdict is being sent */
@@ -47,17 +47,8 @@ typedef struct {
 } slot;
 
 typedef struct {
-    braid_listener base; /* first: braid_listener * downcasts to this */
-    braid_transport_ctx ctx;
-    char addr[BRAID_ADDR_MAX];
-    int listen_fd;
-    int wake[2];
-    int hs_timeout_ms;
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int stopping;
-    slot *slots;      /* [ctx.size] */
+    braid_acceptor core; /* first: braid_listener * downcasts to this */
+    slot *slots;      /* [core.ctx.size] */
     pending *pending; /* accept thread only */
     size_t npending;
     braid_admit admit; /* accept thread only: per-source caps and delays (admit.h) */
@@ -83,7 +74,7 @@ static void drop(tcp_listener *l, pending *p, int level, const char *why)
 {
     if (p->dead)
         return;
-    BRAID_LOG(level, "rank %d: dropped a connection from %s: %s", l->ctx.rank, p->addr, why);
+    BRAID_LOG(level, "rank %d: dropped a connection from %s: %s", l->core.ctx.rank, p->addr, why);
     p->dead = 1;
     uncount(l, p);
 }
@@ -107,14 +98,14 @@ static void evict_oldest(tcp_listener *l, const char *host)
 static uint32_t judge(tcp_listener *l, pending *p)
 {
     const braid_hello *h = &p->hs.peer;
-    if (h->pg_tag != l->ctx.pg_tag)
+    if (h->pg_tag != l->core.ctx.pg_tag)
         return BRAID_AUTH_REJECT_GROUP;
-    if (h->target != l->ctx.rank || h->rank >= l->ctx.size)
+    if (h->target != l->core.ctx.rank || h->rank >= l->core.ctx.size)
         return BRAID_AUTH_REJECT_RANK;
     if (h->nsocks < 1 || h->nsocks > BRAID_TCP_MAX_SOCKS || h->sock_index >= h->nsocks)
         return BRAID_AUTH_REJECT_SOCKETS;
     uint32_t verdict = BRAID_AUTH_ACCEPTED;
-    pthread_mutex_lock(&l->mu);
+    pthread_mutex_lock(&l->core.mu);
     slot *s = &l->slots[h->rank];
     if (s->taken) {
         verdict = BRAID_AUTH_REJECT_DUPLICATE;
@@ -124,7 +115,7 @@ static uint32_t judge(tcp_listener *l, pending *p)
         if (!s->nsocks) {
             s->fds = malloc((size_t)h->nsocks * sizeof(int));
             if (!s->fds) {
-                pthread_mutex_unlock(&l->mu);
+                pthread_mutex_unlock(&l->core.mu);
                 return BRAID_AUTH_REJECT_SOCKETS; /* out of memory: the peer sees a refusal */
             }
             for (int i = 0; i < h->nsocks; i++)
@@ -138,7 +129,7 @@ static uint32_t judge(tcp_listener *l, pending *p)
             p->claimed = 1;
         }
     }
-    pthread_mutex_unlock(&l->mu);
+    pthread_mutex_unlock(&l->core.mu);
     return verdict;
 }
 
@@ -147,7 +138,7 @@ static void unclaim(tcp_listener *l, pending *p)
 {
     if (!p->claimed)
         return;
-    pthread_mutex_lock(&l->mu);
+    pthread_mutex_lock(&l->core.mu);
     slot *s = &l->slots[p->hs.peer.rank];
     s->fds[p->hs.peer.sock_index] = -1;
     if (s->arrived == 0) {
@@ -155,22 +146,22 @@ static void unclaim(tcp_listener *l, pending *p)
         s->fds = NULL;
         s->nsocks = 0;
     }
-    pthread_mutex_unlock(&l->mu);
+    pthread_mutex_unlock(&l->core.mu);
     p->claimed = 0;
 }
 
 static void park(tcp_listener *l, pending *p)
 {
     const braid_hello *h = &p->hs.peer;
-    pthread_mutex_lock(&l->mu);
+    pthread_mutex_lock(&l->core.mu);
     slot *s = &l->slots[h->rank];
     s->fds[h->sock_index] = p->fd;
     if (h->sock_index == 0)
         snprintf(s->addr, sizeof(s->addr), "%s", p->addr);
     if (++s->arrived == s->nsocks)
-        pthread_cond_broadcast(&l->cv);
-    pthread_mutex_unlock(&l->mu);
-    BRAID_TRACE("rank %d: peer %d socket %d of %d from %s authenticated", l->ctx.rank, h->rank, h->sock_index,
+        pthread_cond_broadcast(&l->core.cv);
+    pthread_mutex_unlock(&l->core.mu);
+    BRAID_TRACE("rank %d: peer %d socket %d of %d from %s authenticated", l->core.ctx.rank, h->rank, h->sock_index,
                 h->nsocks, p->addr);
     p->fd = -1; /* the slot owns it now */
     p->claimed = 0;
@@ -183,7 +174,7 @@ static void step(tcp_listener *l, pending *p)
         if (p->hs.bad_proof) {
             /* Hold it, silent, before the close (admit.h). */
             int delay = braid__admit_fail(&l->admit, p->host, braid__now_ms());
-            BRAID_WARN("rank %d: connection from %s: %s; closing it in %d ms", l->ctx.rank, p->addr,
+            BRAID_WARN("rank %d: connection from %s: %s; closing it in %d ms", l->core.ctx.rank, p->addr,
                        braid_last_error(), delay);
             p->delayed = 1;
             p->deadline = braid__now_ms() + delay;
@@ -199,7 +190,7 @@ static void step(tcp_listener *l, pending *p)
         uncount(l, p);
         uint32_t verdict = judge(l, p);
         if (verdict != BRAID_AUTH_ACCEPTED)
-            BRAID_WARN("rank %d: refusing rank %d (socket %u of %u) from %s: %s", l->ctx.rank, p->hs.peer.rank,
+            BRAID_WARN("rank %d: refusing rank %d (socket %u of %u) from %s: %s", l->core.ctx.rank, p->hs.peer.rank,
                        p->hs.peer.sock_index, p->hs.peer.nsocks, p->addr, braid__auth_result_string(verdict));
         braid__auth_accept_finish(&p->hs, verdict);
         if (braid__auth_accept_step(&p->hs, p->fd) != BRAID_OK) {
@@ -221,32 +212,34 @@ static void accept_sockets(tcp_listener *l)
     for (;;) {
         braid_sockaddr a;
         a.len = sizeof(a.ss);
-        int fd = accept4(l->listen_fd, (struct sockaddr *)&a.ss, &a.len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd = accept4(l->core.listen_fd, (struct sockaddr *)&a.ss, &a.len, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EMFILE || errno == ENFILE || errno == ENOMEM || errno == ENOBUFS) {
-                BRAID_WARN("rank %d: accept on %s: %m; pausing for %d ms", l->ctx.rank, l->addr, ACCEPT_PAUSE_MS);
+                BRAID_WARN("rank %d: accept on %s: %m; pausing for %d ms", l->core.ctx.rank, l->core.addr,
+                           ACCEPT_PAUSE_MS);
                 l->accept_resume = braid__now_ms() + ACCEPT_PAUSE_MS;
             } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
-                BRAID_WARN("rank %d: accept on %s: %m", l->ctx.rank, l->addr);
+                BRAID_WARN("rank %d: accept on %s: %m", l->core.ctx.rank, l->core.addr);
             }
             return;
         }
         pending *p = calloc(1, sizeof(*p));
-        braid_hello self = {.role = BRAID_ROLE_TCP_ACCEPT, .rank = l->ctx.rank, .target = -1, .pg_tag = l->ctx.pg_tag};
-        if (!p || braid__auth_accept_init(&p->hs, l->ctx.secret, &self, BRAID_ROLE_TCP_CONNECT) != BRAID_OK) {
-            BRAID_WARN("rank %d: cannot take a connection: out of memory or randomness", l->ctx.rank);
+        braid_hello self = {
+            .role = BRAID_ROLE_TCP_ACCEPT, .rank = l->core.ctx.rank, .target = -1, .pg_tag = l->core.ctx.pg_tag};
+        if (!p || braid__auth_accept_init(&p->hs, l->core.ctx.secret, &self, BRAID_ROLE_TCP_CONNECT) != BRAID_OK) {
+            BRAID_WARN("rank %d: cannot take a connection: out of memory or randomness", l->core.ctx.rank);
             free(p);
             close(fd);
             continue;
         }
         braid__sock_tune(fd);
         p->fd = fd;
-        p->deadline = braid__now_ms() + l->hs_timeout_ms;
+        p->deadline = braid__now_ms() + l->core.hs_timeout_ms;
         braid__sock_addr_format(&a, p->addr, sizeof(p->addr));
         braid__admit_host(&a, p->host);
         int evict = braid__admit_enter(&l->admit, p->host);
         if (evict < 0) {
-            BRAID_WARN("rank %d: cannot take a connection from %s: out of memory", l->ctx.rank, p->addr);
+            BRAID_WARN("rank %d: cannot take a connection from %s: out of memory", l->core.ctx.rank, p->addr);
             braid__auth_accept_clear(&p->hs);
             free(p);
             close(fd);
@@ -316,14 +309,14 @@ static void *accept_main(void *arg)
     for (;;) {
         int64_t now = braid__now_ms();
         if (grow(l, l->npending + 2) != 0) {
-            BRAID_WARN("rank %d: out of memory for %zu pending connections", l->ctx.rank, l->npending);
+            BRAID_WARN("rank %d: out of memory for %zu pending connections", l->core.ctx.rank, l->npending);
             poll(NULL, 0, ACCEPT_PAUSE_MS);
             continue;
         }
         int64_t next = l->accept_resume > now ? l->accept_resume : -1;
         size_t n = 0;
-        l->pfds[n++] = (struct pollfd){.fd = l->wake[0], .events = POLLIN};
-        l->pfds[n++] = (struct pollfd){.fd = l->accept_resume > now ? -1 : l->listen_fd, .events = POLLIN};
+        l->pfds[n++] = (struct pollfd){.fd = l->core.wake[0], .events = POLLIN};
+        l->pfds[n++] = (struct pollfd){.fd = l->accept_resume > now ? -1 : l->core.listen_fd, .events = POLLIN};
         for (pending *p = l->pending; p; p = p->next) {
             l->ppend[n] = p;
             /* A held wrong proof is not watched: its close would wake us in a loop. */
@@ -334,7 +327,7 @@ static void *accept_main(void *arg)
         int timeout = next < 0 ? -1 : next <= now ? 0 : (int)(next - now);
         int rc = poll(l->pfds, (nfds_t)n, timeout);
         if (rc < 0 && errno != EINTR) {
-            BRAID_WARN("rank %d: listener poll: %m", l->ctx.rank);
+            BRAID_WARN("rank %d: listener poll: %m", l->core.ctx.rank);
             poll(NULL, 0, ACCEPT_PAUSE_MS);
             continue;
         }
@@ -356,12 +349,12 @@ static braid_status listener_addr(tcp_listener *l, int port)
 {
     braid_sockaddr a;
     char ip[64];
-    if (l->ctx.bind_ip[0])
-        snprintf(ip, sizeof(ip), "%s", l->ctx.bind_ip);
+    if (l->core.ctx.bind_ip[0])
+        snprintf(ip, sizeof(ip), "%s", l->core.ctx.bind_ip);
     else
         braid__sock_default_ip(ip, sizeof(ip));
     BRAID_CHECK(braid__sock_resolve(ip, port, &a));
-    braid__sock_addr_format(&a, l->addr, sizeof(l->addr));
+    braid__sock_addr_format(&a, l->core.addr, sizeof(l->core.addr));
     return BRAID_OK;
 }
 
@@ -373,10 +366,7 @@ braid_status braid_tcp_listen(const braid_transport_ctx *ctx, braid_listener **l
     tcp_listener *l = calloc(1, sizeof(*l));
     if (!l)
         return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for a listener", ctx->rank);
-    l->base.ops = &braid__tcp_ops;
-    l->ctx = *ctx;
-    l->hs_timeout_ms = ctx->timeout_ms > 0 && ctx->timeout_ms < BRAID_TCP_HANDSHAKE_MAX_MS ? ctx->timeout_ms
-                                                                                           : BRAID_TCP_HANDSHAKE_MAX_MS;
+    braid__acceptor_init(&l->core, &braid__tcp_ops, ctx, BRAID_TCP_HANDSHAKE_MAX_MS);
     /* Every peer may dial with all its sockets at once (up to 16 each). */
     braid__admit_size(&l->admit, (long)ctx->size * (ctx->nsocks > 0 ? ctx->nsocks : 2));
     l->slots = calloc((size_t)ctx->size, sizeof(*l->slots));
@@ -385,41 +375,16 @@ braid_status braid_tcp_listen(const braid_transport_ctx *ctx, braid_listener **l
         goto err_free;
     }
     int port;
-    BRAID_CHECK_GOTO(braid__sock_listen(ctx->bind_ip, 0, &l->listen_fd, &port), st, err_free_slots);
+    BRAID_CHECK_GOTO(braid__sock_listen(ctx->bind_ip, 0, &l->core.listen_fd, &port), st, err_free_slots);
     BRAID_CHECK_GOTO(listener_addr(l, port), st, err_close_listen);
-    if (pipe2(l->wake, O_CLOEXEC | O_NONBLOCK) != 0) {
-        st = braid__error(BRAID_ERR_SYSTEM, "rank %d: pipe: %m", ctx->rank);
-        goto err_close_listen;
-    }
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    int rc = pthread_cond_init(&l->cv, &ca);
-    pthread_condattr_destroy(&ca);
-    if (rc != 0) {
-        st = braid__error(BRAID_ERR_SYSTEM, "rank %d: pthread_cond_init failed (%d)", ctx->rank, rc);
-        goto err_close_pipe;
-    }
-    pthread_mutex_init(&l->mu, NULL);
-    rc = pthread_create(&l->thread, NULL, accept_main, l);
-    if (rc != 0) {
-        errno = rc;
-        st = braid__error(BRAID_ERR_SYSTEM, "rank %d: cannot start the accept thread: %m", ctx->rank);
-        goto err_destroy_sync;
-    }
-    snprintf(addr, BRAID_ADDR_MAX, "%s", l->addr);
-    BRAID_INFO("rank %d: tcp listening on %s", ctx->rank, l->addr);
-    *listener = &l->base;
+    BRAID_CHECK_GOTO(braid__acceptor_start(&l->core, accept_main, l, "accept thread"), st, err_close_listen);
+    snprintf(addr, BRAID_ADDR_MAX, "%s", l->core.addr);
+    BRAID_INFO("rank %d: tcp listening on %s", ctx->rank, l->core.addr);
+    *listener = &l->core.base;
     return BRAID_OK;
 
-err_destroy_sync:
-    pthread_mutex_destroy(&l->mu);
-    pthread_cond_destroy(&l->cv);
-err_close_pipe:
-    close(l->wake[0]);
-    close(l->wake[1]);
 err_close_listen:
-    close(l->listen_fd);
+    close(l->core.listen_fd);
 err_free_slots:
     free(l->slots);
 err_free:
@@ -430,60 +395,49 @@ err_free:
 braid_status braid_tcp_accept(braid_listener *listener, int peer, int timeout_ms, braid_conn **conn)
 {
     tcp_listener *l = listener_of(listener);
-    if (peer < 0 || peer >= l->ctx.size)
-        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: accept from peer %d of a group of %d", l->ctx.rank, peer,
-                            l->ctx.size);
-    if (timeout_ms <= 0)
-        timeout_ms = l->ctx.timeout_ms > 0 ? l->ctx.timeout_ms : 300000;
-    int64_t deadline = braid__now_ms() + timeout_ms;
-    struct timespec ts = {(time_t)(deadline / 1000), (long)(deadline % 1000) * 1000000L};
+    struct timespec ts;
+    BRAID_CHECK(braid__acceptor_deadline(&l->core, peer, &timeout_ms, &ts));
     braid_status st = BRAID_OK;
     int fds[BRAID_TCP_MAX_SOCKS], nsocks = 0;
     char addr[BRAID_SOCK_ADDR_STR];
 
-    pthread_mutex_lock(&l->mu);
+    pthread_mutex_lock(&l->core.mu);
     slot *s = &l->slots[peer];
-    while (!l->stopping && !s->taken && !(s->nsocks && s->arrived == s->nsocks)) {
-        int rc = pthread_cond_timedwait(&l->cv, &l->mu, &ts);
+    while (!l->core.stopping && !s->taken && !(s->nsocks && s->arrived == s->nsocks)) {
+        int rc = pthread_cond_timedwait(&l->core.cv, &l->core.mu, &ts);
         if (rc == ETIMEDOUT && !(s->nsocks && s->arrived == s->nsocks)) {
             st = braid__error(BRAID_ERR_TIMEOUT,
                               "rank %d: timed out after %d ms waiting for peer %d to connect to %s "
                               "(%d of %d sockets arrived)",
-                              l->ctx.rank, timeout_ms, peer, l->addr, s->arrived, s->nsocks ? s->nsocks : 1);
+                              l->core.ctx.rank, timeout_ms, peer, l->core.addr, s->arrived, s->nsocks ? s->nsocks : 1);
             goto out_unlock;
         }
     }
-    if (l->stopping) {
-        st = braid__error(BRAID_ERR_ABORTED, "rank %d: listener closed while waiting for peer %d", l->ctx.rank, peer);
+    st = braid__acceptor_check(&l->core, peer, s->taken);
+    if (st != BRAID_OK)
         goto out_unlock;
-    }
-    if (s->taken) {
-        st = braid__error(BRAID_ERR_INVALID_ARG, "rank %d: the connection from peer %d was already accepted",
-                          l->ctx.rank, peer);
-        goto out_unlock;
-    }
     nsocks = s->nsocks;
     memcpy(fds, s->fds, (size_t)nsocks * sizeof(int));
     snprintf(addr, sizeof(addr), "%s", s->addr);
     free(s->fds);
     s->fds = NULL;
     s->taken = 1;
-    pthread_mutex_unlock(&l->mu);
+    pthread_mutex_unlock(&l->core.mu);
 
     braid_tcp_conn *c;
-    st = braid_tcp_conn_create(l->ctx.rank, peer, nsocks, fds, addr, &c);
+    st = braid_tcp_conn_create(l->core.ctx.rank, peer, nsocks, fds, addr, &c);
     if (st != BRAID_OK) {
         for (int k = 0; k < nsocks; k++)
             close(fds[k]);
         return st;
     }
-    BRAID_INFO("rank %d: accepted peer %d from %s with %d socket%s", l->ctx.rank, peer, addr, nsocks,
+    BRAID_INFO("rank %d: accepted peer %d from %s with %d socket%s", l->core.ctx.rank, peer, addr, nsocks,
                nsocks > 1 ? "s" : "");
     *conn = &c->base;
     return BRAID_OK;
 
 out_unlock:
-    pthread_mutex_unlock(&l->mu);
+    pthread_mutex_unlock(&l->core.mu);
     return st;
 }
 
@@ -492,20 +446,12 @@ void braid_tcp_close_listener(braid_listener *listener)
     if (!listener)
         return;
     tcp_listener *l = listener_of(listener);
-    pthread_mutex_lock(&l->mu);
-    l->stopping = 1;
-    pthread_cond_broadcast(&l->cv);
-    pthread_mutex_unlock(&l->mu);
-    ssize_t w;
-    do {
-        w = write(l->wake[1], "x", 1);
-    } while (w < 0 && errno == EINTR);
-    pthread_join(l->thread, NULL);
+    braid__acceptor_stop(&l->core);
     for (pending *p = l->pending, *next; p; p = next) {
         next = p->next;
         free_pending(p);
     }
-    for (int r = 0; r < l->ctx.size; r++) {
+    for (int r = 0; r < l->core.ctx.size; r++) {
         slot *s = &l->slots[r];
         for (int k = 0; s->fds && k < s->nsocks; k++)
             if (s->fds[k] >= 0)
@@ -516,11 +462,6 @@ void braid_tcp_close_listener(braid_listener *listener)
     braid__admit_free(&l->admit);
     free(l->pfds);
     free(l->ppend);
-    close(l->wake[0]);
-    close(l->wake[1]);
-    close(l->listen_fd);
-    pthread_mutex_destroy(&l->mu);
-    pthread_cond_destroy(&l->cv);
-    memset(l->ctx.secret, 0, sizeof(l->ctx.secret));
+    braid__acceptor_fini(&l->core);
     free(l);
 }
