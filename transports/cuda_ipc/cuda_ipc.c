@@ -34,6 +34,7 @@
 #include "log.h"
 #include "status.h"
 #include "cuda_ipc_int.h"
+#include "transports/common/ops.h"
 #include "transports/tcp/tcp.h"
 
 /* ---- probe ----------------------------------------------------------------- */
@@ -225,32 +226,13 @@ static void ipc_close(braid_conn *conn)
         braid__cuda_ipc_conn_free(conn_of(conn));
 }
 
-static braid_status ipc_reg_mem(braid_conn *conn, void *buf, size_t len, void **handle)
-{
-    (void)conn, (void)buf, (void)len;
-    *handle = NULL; /* copies go through the staging ring: nothing to register */
-    return BRAID_OK;
-}
-
-static braid_status ipc_dereg_mem(braid_conn *conn, void *handle)
-{
-    (void)conn, (void)handle;
-    return BRAID_OK;
-}
-
 const braid_transport_ops braid__cuda_ipc_ops = {
     .size = sizeof(braid_transport_ops),
     .name = "cuda_ipc",
     .probe = ipc_probe,
-    .listen = ipc_listen,
-    .accept = ipc_accept,
+    .listen = ipc_listen, .accept = ipc_accept, .close_listener = ipc_close_listener,
     .connect = ipc_connect,
-    .close_listener = ipc_close_listener,
-    .reg_mem = ipc_reg_mem,
-    .dereg_mem = ipc_dereg_mem,
-    .isend = ipc_isend,
-    .irecv = ipc_irecv,
-    .test = ipc_test,
-    .progress = ipc_progress,
-    .close = ipc_close,
+    .reg_mem = braid__reg_mem_none, .dereg_mem = braid__dereg_mem_none, /* copies go through the staging ring */
+    .isend = ipc_isend, .irecv = ipc_irecv, .test = ipc_test,
+    .progress = ipc_progress, .close = ipc_close,
 };

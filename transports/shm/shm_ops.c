@@ -8,6 +8,7 @@
 
 #include "shm.h"
 #include "shm_conn.h"
+#include "transports/common/ops.h"
 
 /* Needs memfd_create (Linux 3.17) to share memory without a name. */
 static braid_status shm_probe(char *why, size_t why_len)
@@ -24,37 +25,13 @@ static braid_status shm_probe(char *why, size_t why_len)
     return BRAID_OK;
 }
 
-/* Data is copied through the rings, so registration is a no-op that
- * always succeeds. */
-static braid_status shm_reg_mem(braid_conn *conn, void *buf, size_t len, void **handle)
-{
-    (void)conn;
-    (void)buf;
-    (void)len;
-    *handle = NULL;
-    return BRAID_OK;
-}
-
-static braid_status shm_dereg_mem(braid_conn *conn, void *handle)
-{
-    (void)conn;
-    (void)handle;
-    return BRAID_OK;
-}
-
 const braid_transport_ops braid__shm_ops = {
     .size = sizeof(braid_transport_ops),
     .name = "shm",
     .probe = shm_probe,
-    .listen = braid_shm_listen,
-    .accept = braid_shm_accept,
+    .listen = braid_shm_listen, .accept = braid_shm_accept, .close_listener = braid_shm_close_listener,
     .connect = braid_shm_connect,
-    .close_listener = braid_shm_close_listener,
-    .reg_mem = shm_reg_mem,
-    .dereg_mem = shm_dereg_mem,
-    .isend = braid_shm_isend,
-    .irecv = braid_shm_irecv,
-    .test = braid_shm_test,
-    .progress = braid_shm_progress,
-    .close = braid_shm_close,
+    .reg_mem = braid__reg_mem_none, .dereg_mem = braid__dereg_mem_none,
+    .isend = braid_shm_isend, .irecv = braid_shm_irecv, .test = braid_shm_test,
+    .progress = braid_shm_progress, .close = braid_shm_close,
 };
