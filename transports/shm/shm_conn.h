@@ -38,6 +38,7 @@
 #include <stdint.h>
 
 #include "braid_transport.h"
+#include "transports/common/ops.h"
 
 #define BRAID_SHM_RING_BYTES ((size_t)4 << 20)   /* per direction; a power of two */
 #define BRAID_SHM_CTRL_BYTES ((size_t)4096)
@@ -133,16 +134,15 @@ braid_status braid_shm_region_create(int rank, int peer, size_t ring_bytes, int 
 braid_status braid_shm_conn_create(int rank, int peer, int side, int sock, int memfd, const int efd[2],
                                    size_t ring_bytes, braid_shm_conn **conn);
 
-/* Ops (shm_listen.c, shm_data.c, shm_conn.c). */
-braid_status braid_shm_listen(const braid_transport_ctx *ctx, braid_listener **listener, char addr[BRAID_ADDR_MAX]);
-braid_status braid_shm_accept(braid_listener *listener, int peer, int timeout_ms, braid_conn **conn);
-void braid_shm_close_listener(braid_listener *listener);
-braid_status braid_shm_connect(const braid_transport_ctx *ctx, int peer, const char *addr, int timeout_ms,
-                               braid_conn **conn);
-void braid_shm_close(braid_conn *conn);
-braid_status braid_shm_isend(braid_conn *conn, braid_req *req, const void *buf, size_t len);
-braid_status braid_shm_irecv(braid_conn *conn, braid_req *req, void *buf, size_t len);
-braid_status braid_shm_test(braid_req *req, int *done);
-braid_status braid_shm_progress(braid_conn **conns, int nconns, int wake_fd, int timeout_ms);
+/* Ops (shm_listen.c, shm_data.c, shm_conn.c), declared by slot type (common/ops.h). */
+braid_listen_func_t braid_shm_listen;
+braid_accept_func_t braid_shm_accept;
+braid_close_listener_func_t braid_shm_close_listener;
+braid_connect_func_t braid_shm_connect;
+braid_close_func_t braid_shm_close;
+braid_isend_func_t braid_shm_isend;
+braid_irecv_func_t braid_shm_irecv;
+braid_test_func_t braid_shm_test;
+braid_progress_func_t braid_shm_progress;
 
 #endif

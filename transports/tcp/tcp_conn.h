@@ -17,6 +17,7 @@
 
 #include "bootstrap/sock.h"
 #include "braid_transport.h"
+#include "transports/common/ops.h"
 
 #define BRAID_TCP_MAX_SOCKS 64
 #define BRAID_TCP_DEFAULT_SOCKS 2 /* per peer across a network (BRAID_NSOCKS unset) */
@@ -65,16 +66,15 @@ braid_status braid_tcp_conn_create(int rank, int peer, int nsocks, const int *fd
  * socket k of nsocks. */
 void braid_tcp_stripe(size_t msg_len, int nsocks, int k, size_t *off, size_t *len);
 
-/* Ops (tcp_conn.c, tcp_data.c, tcp_listen.c). */
-braid_status braid_tcp_listen(const braid_transport_ctx *ctx, braid_listener **listener, char addr[BRAID_ADDR_MAX]);
-braid_status braid_tcp_accept(braid_listener *listener, int peer, int timeout_ms, braid_conn **conn);
-void braid_tcp_close_listener(braid_listener *listener);
-braid_status braid_tcp_connect(const braid_transport_ctx *ctx, int peer, const char *addr, int timeout_ms,
-                               braid_conn **conn);
-void braid_tcp_close(braid_conn *conn);
-braid_status braid_tcp_isend(braid_conn *conn, braid_req *req, const void *buf, size_t len);
-braid_status braid_tcp_irecv(braid_conn *conn, braid_req *req, void *buf, size_t len);
-braid_status braid_tcp_test(braid_req *req, int *done);
-braid_status braid_tcp_progress(braid_conn **conns, int nconns, int wake_fd, int timeout_ms);
+/* Ops (tcp_conn.c, tcp_data.c, tcp_listen.c), declared by slot type (common/ops.h). */
+braid_listen_func_t braid_tcp_listen;
+braid_accept_func_t braid_tcp_accept;
+braid_close_listener_func_t braid_tcp_close_listener;
+braid_connect_func_t braid_tcp_connect;
+braid_close_func_t braid_tcp_close;
+braid_isend_func_t braid_tcp_isend;
+braid_irecv_func_t braid_tcp_irecv;
+braid_test_func_t braid_tcp_test;
+braid_progress_func_t braid_tcp_progress;
 
 #endif
