@@ -62,7 +62,7 @@ braid_status braid__fp_explain(braid_algo_run *run, braid_status st);
 void braid__fp_encode(const braid_coll *coll, uint8_t out[BRAID_FP_BYTES]);
 braid_status braid__fp_check(braid_algo_run *run, int peer, const uint8_t theirs[BRAID_FP_BYTES]);
 
-/* Mark a fingerprint as the device ring's (cuda/hmem_cuda.c). The flag is
+/* Mark a fingerprint as the device ring's (cuda/device_ring.c). The flag is
  * not compared: a host rank may join the call; it tells a neighbour with
  * a device link (src/devlink.c) whether to move the data over it. */
 void braid__fp_set_dring(uint8_t fp[BRAID_FP_BYTES]);
