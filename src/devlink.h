@@ -1,6 +1,6 @@
 /* Device links: a cuda_ipc connection between same-host ring neighbours,
  * beside their shm/TCP connection, for device all-reduces that run the
- * device ring on both ends (cuda/hmem_cuda.c, docs/CUDA.md).
+ * device ring on both ends (cuda/device_ring.c, docs/CUDA.md).
  *
  * Made at group creation, for every pair of ring neighbours that share a
  * host and both offer one (a CUDA build with a device visible, and

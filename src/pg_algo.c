@@ -7,7 +7,7 @@
 #include "refuse.h"
 
 /* Device all-reduces above one staging piece run the device ring where the
- * host path would run the ring (cuda/hmem_cuda.c), so recursive doubling
+ * host path would run the ring (cuda/device_ring.c), so recursive doubling
  * must never reach past a piece. */
 _Static_assert(BRAID_RD_MAX_CAP <= BRAID_HMEM_PIECE_BYTES, "recursive doubling's range must stay within one piece");
 

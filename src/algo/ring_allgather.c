@@ -59,38 +59,38 @@ braid_status braid__ring_allgather(braid_algo_run *run)
     BRAID_CHECK(braid__ctx_conn(ctx, next, &conns[0]));
     BRAID_CHECK(braid__ctx_conn(ctx, prev, &conns[1]));
     int nconns = conns[0] == conns[1] ? 1 : 2;
-    braid_conn *to_next = conns[0], *from_prev = conns[nconns - 1];
-
-    uint8_t fp_mine[BRAID_FP_BYTES], fp_theirs[BRAID_FP_BYTES];
-    braid_req fp_send_req, fp_recv_req;
-    braid__fp_encode(coll, fp_mine);
-    BRAID_CHECK(to_next->ops->isend(to_next, &fp_send_req, fp_mine, sizeof(fp_mine)));
-    BRAID_CHECK(from_prev->ops->irecv(from_prev, &fp_recv_req, fp_theirs, sizeof(fp_theirs)));
-    int fp_sent = 0, fp_checked = 0;
 
     braid_req recv_reqs[RECV_WINDOW], send_reqs[SEND_WINDOW];
-    size_t posted_r = 0, done_r = 0, posted_s = 0, done_s = 0;
+    braid_ring_flow f = {.to_next = conns[0],
+                         .from_prev = conns[nconns - 1],
+                         .prev = prev,
+                         .recv_reqs = recv_reqs,
+                         .send_reqs = send_reqs,
+                         .recv_window = RECV_WINDOW,
+                         .send_window = SEND_WINDOW};
+    BRAID_CHECK(braid__ring_flow_start(&f, coll));
 
     for (;;) {
-        int moved = 0, done;
-        while (posted_s < total && posted_s - done_s < SEND_WINDOW &&
-               (posted_s < g.chunks || posted_s - g.chunks < done_r)) {
+        int moved = 0;
+        while (f.posted_s < total && f.posted_s - f.done_s < SEND_WINDOW &&
+               (f.posted_s < g.chunks || f.posted_s - g.chunks < f.done_r)) {
             int block;
             size_t off, len;
-            item_range(&g, posted_s, 0, &block, &off, &len);
+            item_range(&g, f.posted_s, 0, &block, &off, &len);
             const uint8_t *src =
-                posted_s < g.chunks ? send + off * g.esize : recv + ((size_t)block * g.count + off) * g.esize;
-            BRAID_CHECK(to_next->ops->isend(to_next, &send_reqs[posted_s % SEND_WINDOW], src, len * g.esize));
-            posted_s++;
+                f.posted_s < g.chunks ? send + off * g.esize : recv + ((size_t)block * g.count + off) * g.esize;
+            BRAID_CHECK(f.to_next->ops->isend(f.to_next, &send_reqs[f.posted_s % SEND_WINDOW], src, len * g.esize));
+            f.posted_s++;
             moved = 1;
         }
-        while (posted_r < total && posted_r - done_r < RECV_WINDOW) {
+        while (f.posted_r < total && f.posted_r - f.done_r < RECV_WINDOW) {
             int block;
             size_t off, len;
-            item_range(&g, posted_r, 1, &block, &off, &len);
+            item_range(&g, f.posted_r, 1, &block, &off, &len);
             uint8_t *dst = recv + ((size_t)block * g.count + off) * g.esize;
-            BRAID_CHECK(from_prev->ops->irecv(from_prev, &recv_reqs[posted_r % RECV_WINDOW], dst, len * g.esize));
-            posted_r++;
+            BRAID_CHECK(
+                f.from_prev->ops->irecv(f.from_prev, &recv_reqs[f.posted_r % RECV_WINDOW], dst, len * g.esize));
+            f.posted_r++;
             moved = 1;
         }
         if (need_copy) {
@@ -98,34 +98,10 @@ braid_status braid__ring_allgather(braid_algo_run *run)
             memcpy(own, send, g.count * g.esize);
             need_copy = 0;
         }
-        if (!fp_checked) {
-            BRAID_CHECK(braid__algo_test(run, &fp_recv_req, &done));
-            if (done) {
-                BRAID_CHECK(braid__fp_check(run, prev, fp_theirs));
-                fp_checked = moved = 1;
-            }
-        }
-        while (fp_checked && done_r < posted_r) {
-            BRAID_CHECK(braid__algo_test(run, &recv_reqs[done_r % RECV_WINDOW], &done));
-            if (!done)
-                break;
-            done_r++;
-            moved = 1;
-        }
-        if (!fp_sent) {
-            BRAID_CHECK(braid__algo_test(run, &fp_send_req, &fp_sent));
-            moved |= fp_sent;
-        }
-        while (done_s < posted_s) {
-            BRAID_CHECK(braid__algo_test(run, &send_reqs[done_s % SEND_WINDOW], &done));
-            if (!done)
-                break;
-            done_s++;
-            moved = 1;
-        }
-        if (fp_sent && fp_checked && done_r == total && done_s == total)
+        BRAID_CHECK(braid__ring_flow_poll(run, &f, &moved));
+        if (f.fp_sent && f.fp_checked && f.done_r == total && f.done_s == total)
             return BRAID_OK;
         if (!moved)
-            BRAID_CHECK(braid__algo_wait(run, conns, nconns, done_r < total || !fp_checked ? prev : next));
+            BRAID_CHECK(braid__algo_wait(run, conns, nconns, f.done_r < total || !f.fp_checked ? prev : next));
     }
 }

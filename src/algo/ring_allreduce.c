@@ -128,135 +128,196 @@ braid_status braid__ring_allreduce(braid_algo_run *run)
     return braid__ring_pass(run, &p);
 }
 
+/* The state of one pass between its set-up and its end: the links, the
+ * fingerprint exchange, and the request windows of both directions, each
+ * walked by cursors and counted by items posted and done. */
+typedef struct {
+    ring g;
+    braid_conn *conns[2];
+    int nconns, next, prev;
+    braid_conn *to_next, *from_prev;
+    const uint8_t *send;
+    uint8_t *recv, *staging;
+    size_t slot_bytes;
+    uint8_t fp_mine[BRAID_FP_BYTES];
+    braid_req fp_send_req;
+    braid_fp_back back;
+    int fp_sent, fp_checked, back_done;
+    braid_req recv_reqs[RECV_SLOTS], send_reqs[SEND_WINDOW];
+    cursor post_r, done_r, post_s;
+    size_t n_posted_r, n_done_r, n_posted_s, n_done_s;
+    size_t step0_sends;
+} pass_state;
+
+/* Call fingerprints go first on each link; the receive side checks the
+ * previous rank's before touching any data. A later pass over links that
+ * an earlier one of the same call checked skips them. */
+static braid_status pass_fp_start(pass_state *r)
+{
+    braid_algo_run *run = r->g.run;
+    const braid_ring_pass *pass = r->g.pass;
+    r->fp_sent = r->fp_checked = !pass->fp;
+    r->back_done = 1;
+    if (pass->fp) {
+        braid__fp_encode(run->coll, r->fp_mine);
+        BRAID_CHECK(r->conns[0]->ops->isend(r->conns[0], &r->fp_send_req, r->fp_mine, sizeof(r->fp_mine)));
+        BRAID_CHECK(braid__fp_recv(run, r->conns[r->nconns - 1], r->prev));
+        if (!pass->members) { /* the flat ring, which a device ring may join */
+            BRAID_CHECK(braid__fp_back_start(run, &r->back, r->fp_mine, r->prev, r->next));
+            r->back_done = 0;
+        }
+    }
+    return BRAID_OK;
+}
+
+/* Post sends whose data is final: step 0 from the input, later steps from
+ * the chunk just received into the output. */
+static inline braid_status pass_post_sends(pass_state *r, int *moved)
+{
+    const ring *g = &r->g;
+    while (!cursor_done(&r->post_s) && r->n_posted_s - r->n_done_s < SEND_WINDOW &&
+           (r->n_posted_s < r->step0_sends || r->n_posted_s - r->step0_sends < r->n_done_r)) {
+        size_t off, len;
+        cursor_range(g, &r->post_s, &off, &len);
+        const uint8_t *src = (r->post_s.step == 0 ? r->send : r->recv) + off * g->esize;
+        BRAID_CHECK(r->to_next->ops->isend(r->to_next, &r->send_reqs[r->n_posted_s % SEND_WINDOW], src,
+                                           len * g->esize));
+        r->n_posted_s++;
+        cursor_next(g, &r->post_s);
+        *moved = 1;
+    }
+    return BRAID_OK;
+}
+
+/* Post receives: reduce-scatter chunks into staging slots, all-gather
+ * chunks straight into place. */
+static inline braid_status pass_post_recvs(pass_state *r, int *moved)
+{
+    const ring *g = &r->g;
+    while (!cursor_done(&r->post_r) && r->n_posted_r - r->n_done_r < RECV_SLOTS) {
+        size_t off, len;
+        cursor_range(g, &r->post_r, &off, &len);
+        uint8_t *dst = r->post_r.step < g->n - 1 ? r->staging + (r->n_posted_r % RECV_SLOTS) * r->slot_bytes
+                                                 : r->recv + off * g->esize;
+        BRAID_CHECK(r->from_prev->ops->irecv(r->from_prev, &r->recv_reqs[r->n_posted_r % RECV_SLOTS], dst,
+                                             len * g->esize));
+        r->n_posted_r++;
+        cursor_next(g, &r->post_r);
+        *moved = 1;
+    }
+    return BRAID_OK;
+}
+
+/* Complete receives in order, once the previous rank's fingerprint is
+ * checked; reduce-scatter chunks are reduced into the output (the
+ * segment's last one with AVG's division). */
+static inline braid_status pass_complete_recvs(pass_state *r, int *moved)
+{
+    const ring *g = &r->g;
+    const braid_coll *coll = g->run->coll;
+    const braid_ring_pass *pass = g->pass;
+    int done;
+    if (!r->fp_checked) {
+        BRAID_CHECK(braid__fp_poll(g->run, &r->fp_checked));
+        *moved |= r->fp_checked;
+    }
+    while (r->fp_checked && r->n_done_r < r->n_posted_r) {
+        braid_req *req = &r->recv_reqs[r->n_done_r % RECV_SLOTS];
+        BRAID_CHECK(braid__algo_test(g->run, req, &done));
+        if (!done)
+            break;
+        if (r->done_r.step < g->n - 1) {
+            size_t off, len;
+            cursor_range(g, &r->done_r, &off, &len);
+            const uint8_t *slot = r->staging + (r->n_done_r % RECV_SLOTS) * r->slot_bytes;
+            uint8_t *dst = r->recv + off * g->esize;
+            const uint8_t *mine = r->send + off * g->esize;
+            if (r->done_r.step == g->n - 2 && pass->divisor)
+                braid__reduce_final(coll->dtype, coll->op, dst, mine, slot, len, pass->divisor);
+            else
+                braid__reduce(coll->dtype, coll->op, dst, mine, slot, len);
+        }
+        r->n_done_r++;
+        cursor_next(g, &r->done_r);
+        *moved = 1;
+    }
+    return BRAID_OK;
+}
+
+/* Complete the fingerprint sends and the data sends, in order. */
+static inline braid_status pass_complete_sends(pass_state *r, int *moved)
+{
+    braid_algo_run *run = r->g.run;
+    int done;
+    if (!r->fp_sent) {
+        BRAID_CHECK(braid__algo_test(run, &r->fp_send_req, &r->fp_sent));
+        *moved |= r->fp_sent;
+    }
+    if (!r->back_done) {
+        BRAID_CHECK(braid__fp_back_poll(run, &r->back, &r->back_done));
+        *moved |= r->back_done;
+    }
+    while (r->n_done_s < r->n_posted_s) {
+        BRAID_CHECK(braid__algo_test(run, &r->send_reqs[r->n_done_s % SEND_WINDOW], &done));
+        if (!done)
+            break;
+        r->n_done_s++;
+        *moved = 1;
+    }
+    return BRAID_OK;
+}
+
+static inline int pass_finished(const pass_state *r)
+{
+    return r->fp_sent && r->fp_checked && r->back_done && cursor_done(&r->post_s) && cursor_done(&r->post_r) &&
+           r->n_done_r == r->n_posted_r && r->n_done_s == r->n_posted_s;
+}
+
 braid_status braid__ring_pass(braid_algo_run *run, const braid_ring_pass *pass)
 {
     const braid_algo_ctx *ctx = run->ctx;
     const braid_coll *coll = run->coll;
-    ring g = {.run = run, .pass = pass, .n = pass->n, .rank = pass->index, .esize = braid_dtype_size(coll->dtype)};
-    braid_status st;
+    pass_state r = {.g = {.run = run, .pass = pass, .n = pass->n, .rank = pass->index,
+                         .esize = braid_dtype_size(coll->dtype)}};
+    ring *g = &r.g;
 
-    if (g.n == 1) {
+    if (g->n == 1) {
         copy_and_scale(coll, pass);
         return BRAID_OK;
     }
-    g.elems_per_chunk = ctx->chunk_bytes / g.esize;
-    if (g.elems_per_chunk == 0)
-        g.elems_per_chunk = 1;
+    g->elems_per_chunk = ctx->chunk_bytes / g->esize;
+    if (g->elems_per_chunk == 0)
+        g->elems_per_chunk = 1;
 
-    int next = member(pass, (g.rank + 1) % g.n), prev = member(pass, (g.rank + g.n - 1) % g.n);
-    braid_conn *conns[2];
-    BRAID_CHECK(braid__ctx_conn(ctx, next, &conns[0]));
-    BRAID_CHECK(braid__ctx_conn(ctx, prev, &conns[1]));
-    int nconns = conns[0] == conns[1] ? 1 : 2;
+    r.next = member(pass, (g->rank + 1) % g->n);
+    r.prev = member(pass, (g->rank + g->n - 1) % g->n);
+    BRAID_CHECK(braid__ctx_conn(ctx, r.next, &r.conns[0]));
+    BRAID_CHECK(braid__ctx_conn(ctx, r.prev, &r.conns[1]));
+    r.nconns = r.conns[0] == r.conns[1] ? 1 : 2;
 
-    uint8_t *staging;
-    size_t slot_bytes = g.elems_per_chunk * g.esize;
-    BRAID_CHECK(braid__ctx_scratch(ctx, RECV_SLOTS * slot_bytes, (void **)&staging));
+    r.slot_bytes = g->elems_per_chunk * g->esize;
+    BRAID_CHECK(braid__ctx_scratch(ctx, RECV_SLOTS * r.slot_bytes, (void **)&r.staging));
+    r.send = pass->send;
+    r.recv = pass->recv;
+    BRAID_CHECK(pass_fp_start(&r));
 
-    const uint8_t *send = pass->send;
-    uint8_t *recv = pass->recv;
-
-    /* Call fingerprints go first on each link; the receive side checks the
-     * previous rank's before touching any data. A later pass over links
-     * that an earlier one of the same call checked skips them. */
-    uint8_t fp_mine[BRAID_FP_BYTES];
-    braid_req fp_send_req;
-    braid_fp_back back;
-    int fp_sent = !pass->fp, fp_checked = !pass->fp, back_done = 1;
-    if (pass->fp) {
-        braid__fp_encode(coll, fp_mine);
-        BRAID_CHECK(conns[0]->ops->isend(conns[0], &fp_send_req, fp_mine, sizeof(fp_mine)));
-        BRAID_CHECK(braid__fp_recv(run, conns[nconns - 1], prev));
-        if (!pass->members) { /* the flat ring, which a device ring may join */
-            BRAID_CHECK(braid__fp_back_start(run, &back, fp_mine, prev, next));
-            back_done = 0;
-        }
-    }
-
-    braid_req recv_reqs[RECV_SLOTS], send_reqs[SEND_WINDOW];
-    cursor post_r, done_r, post_s;
-    cursor_init(&g, &post_r, 1);
-    cursor_init(&g, &done_r, 1);
-    cursor_init(&g, &post_s, 0);
-    size_t n_posted_r = 0, n_done_r = 0, n_posted_s = 0, n_done_s = 0;
-    size_t step0_sends = post_s.step == pass->first_step ? post_s.nchunks : 0;
-    braid_conn *to_next = conns[0], *from_prev = conns[nconns - 1];
+    cursor_init(g, &r.post_r, 1);
+    cursor_init(g, &r.done_r, 1);
+    cursor_init(g, &r.post_s, 0);
+    r.step0_sends = r.post_s.step == pass->first_step ? r.post_s.nchunks : 0;
+    r.to_next = r.conns[0];
+    r.from_prev = r.conns[r.nconns - 1];
 
     for (;;) {
         int moved = 0;
-
-        /* Post sends whose data is final: step 0 from the input, later
-         * steps from the chunk just received into the output. */
-        while (!cursor_done(&post_s) && n_posted_s - n_done_s < SEND_WINDOW &&
-               (n_posted_s < step0_sends || n_posted_s - step0_sends < n_done_r)) {
-            size_t off, len;
-            cursor_range(&g, &post_s, &off, &len);
-            const uint8_t *src = (post_s.step == 0 ? send : recv) + off * g.esize;
-            BRAID_CHECK(to_next->ops->isend(to_next, &send_reqs[n_posted_s % SEND_WINDOW], src, len * g.esize));
-            n_posted_s++;
-            cursor_next(&g, &post_s);
-            moved = 1;
-        }
-        /* Post receives: reduce-scatter chunks into staging slots,
-         * all-gather chunks straight into place. */
-        while (!cursor_done(&post_r) && n_posted_r - n_done_r < RECV_SLOTS) {
-            size_t off, len;
-            cursor_range(&g, &post_r, &off, &len);
-            uint8_t *dst = post_r.step < g.n - 1 ? staging + (n_posted_r % RECV_SLOTS) * slot_bytes
-                                                 : recv + off * g.esize;
-            BRAID_CHECK(from_prev->ops->irecv(from_prev, &recv_reqs[n_posted_r % RECV_SLOTS], dst, len * g.esize));
-            n_posted_r++;
-            cursor_next(&g, &post_r);
-            moved = 1;
-        }
-
-        int done;
-        if (!fp_checked) {
-            BRAID_CHECK(braid__fp_poll(run, &fp_checked));
-            moved |= fp_checked;
-        }
-        while (fp_checked && n_done_r < n_posted_r) {
-            braid_req *req = &recv_reqs[n_done_r % RECV_SLOTS];
-            BRAID_CHECK(braid__algo_test(run, req, &done));
-            if (!done)
-                break;
-            if (done_r.step < g.n - 1) {
-                size_t off, len;
-                cursor_range(&g, &done_r, &off, &len);
-                const uint8_t *slot = staging + (n_done_r % RECV_SLOTS) * slot_bytes;
-                if (done_r.step == g.n - 2 && pass->divisor)
-                    braid__reduce_final(coll->dtype, coll->op, recv + off * g.esize, send + off * g.esize, slot,
-                                        len, pass->divisor);
-                else
-                    braid__reduce(coll->dtype, coll->op, recv + off * g.esize, send + off * g.esize, slot, len);
-            }
-            n_done_r++;
-            cursor_next(&g, &done_r);
-            moved = 1;
-        }
-        if (!fp_sent) {
-            BRAID_CHECK(braid__algo_test(run, &fp_send_req, &fp_sent));
-            moved |= fp_sent;
-        }
-        if (!back_done) {
-            BRAID_CHECK(braid__fp_back_poll(run, &back, &back_done));
-            moved |= back_done;
-        }
-        while (n_done_s < n_posted_s) {
-            BRAID_CHECK(braid__algo_test(run, &send_reqs[n_done_s % SEND_WINDOW], &done));
-            if (!done)
-                break;
-            n_done_s++;
-            moved = 1;
-        }
-
-        if (fp_sent && fp_checked && back_done && cursor_done(&post_s) && cursor_done(&post_r) && n_done_r == n_posted_r &&
-            n_done_s == n_posted_s)
+        BRAID_CHECK(pass_post_sends(&r, &moved));
+        BRAID_CHECK(pass_post_recvs(&r, &moved));
+        BRAID_CHECK(pass_complete_recvs(&r, &moved));
+        BRAID_CHECK(pass_complete_sends(&r, &moved));
+        if (pass_finished(&r))
             return BRAID_OK;
-        if (!moved) {
-            st = braid__algo_wait(run, conns, nconns, n_done_r < n_posted_r || !fp_checked ? prev : next);
-            if (st != BRAID_OK)
-                return st;
-        }
+        if (!moved)
+            BRAID_CHECK(braid__algo_wait(run, r.conns, r.nconns,
+                                         r.n_done_r < r.n_posted_r || !r.fp_checked ? r.prev : r.next));
     }
 }

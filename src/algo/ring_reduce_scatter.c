@@ -65,7 +65,6 @@ braid_status braid__ring_reduce_scatter(braid_algo_run *run)
     BRAID_CHECK(braid__ctx_conn(ctx, next, &conns[0]));
     BRAID_CHECK(braid__ctx_conn(ctx, prev, &conns[1]));
     int nconns = conns[0] == conns[1] ? 1 : 2;
-    braid_conn *to_next = conns[0], *from_prev = conns[nconns - 1];
 
     /* A slot never needs more than one block, whatever the chunk size. */
     size_t slot_bytes = (g.elems_per_chunk < g.count ? g.elems_per_chunk : g.count) * g.esize;
@@ -78,65 +77,43 @@ braid_status braid__ring_reduce_scatter(braid_algo_run *run)
         own_block = staging + RECV_SLOTS * slot_bytes;
     }
 
-    uint8_t fp_mine[BRAID_FP_BYTES], fp_theirs[BRAID_FP_BYTES];
-    braid_req fp_send_req, fp_recv_req;
-    braid__fp_encode(coll, fp_mine);
-    BRAID_CHECK(to_next->ops->isend(to_next, &fp_send_req, fp_mine, sizeof(fp_mine)));
-    BRAID_CHECK(from_prev->ops->irecv(from_prev, &fp_recv_req, fp_theirs, sizeof(fp_theirs)));
-    int fp_sent = 0, fp_checked = 0;
-
     braid_req recv_reqs[RECV_SLOTS], send_reqs[SEND_WINDOW];
-    size_t posted_r = 0, done_r = 0, reduced = 0, posted_s = 0, done_s = 0;
+    braid_ring_flow f = {.to_next = conns[0],
+                         .from_prev = conns[nconns - 1],
+                         .prev = prev,
+                         .recv_reqs = recv_reqs,
+                         .send_reqs = send_reqs,
+                         .recv_window = RECV_SLOTS,
+                         .send_window = SEND_WINDOW};
+    BRAID_CHECK(braid__ring_flow_start(&f, coll));
+    size_t reduced = 0;
 
     for (;;) {
-        int moved = 0, done, step, block;
+        int moved = 0, step, block;
         size_t off, len;
 
         /* Step 0 sends the own input; later steps forward the partial that
          * the previous step's reduce left in recv. */
-        while (posted_s < total && posted_s - done_s < SEND_WINDOW &&
-               (posted_s < g.chunks || posted_s - g.chunks < reduced)) {
-            item_range(&g, posted_s, 1, &step, &block, &off, &len);
+        while (f.posted_s < total && f.posted_s - f.done_s < SEND_WINDOW &&
+               (f.posted_s < g.chunks || f.posted_s - g.chunks < reduced)) {
+            item_range(&g, f.posted_s, 1, &step, &block, &off, &len);
             const uint8_t *src = step == 0 ? send + ((size_t)block * g.count + off) * g.esize : recv + off * g.esize;
-            BRAID_CHECK(to_next->ops->isend(to_next, &send_reqs[posted_s % SEND_WINDOW], src, len * g.esize));
-            posted_s++;
+            BRAID_CHECK(f.to_next->ops->isend(f.to_next, &send_reqs[f.posted_s % SEND_WINDOW], src, len * g.esize));
+            f.posted_s++;
             moved = 1;
         }
-        while (posted_r < total && posted_r - reduced < RECV_SLOTS) {
-            item_range(&g, posted_r, 2, &step, &block, &off, &len);
-            uint8_t *slot = staging + (posted_r % RECV_SLOTS) * slot_bytes;
-            BRAID_CHECK(from_prev->ops->irecv(from_prev, &recv_reqs[posted_r % RECV_SLOTS], slot, len * g.esize));
-            posted_r++;
+        while (f.posted_r < total && f.posted_r - reduced < RECV_SLOTS) {
+            item_range(&g, f.posted_r, 2, &step, &block, &off, &len);
+            uint8_t *slot = staging + (f.posted_r % RECV_SLOTS) * slot_bytes;
+            BRAID_CHECK(
+                f.from_prev->ops->irecv(f.from_prev, &recv_reqs[f.posted_r % RECV_SLOTS], slot, len * g.esize));
+            f.posted_r++;
             moved = 1;
         }
-        if (!fp_checked) {
-            BRAID_CHECK(braid__algo_test(run, &fp_recv_req, &done));
-            if (done) {
-                BRAID_CHECK(braid__fp_check(run, prev, fp_theirs));
-                fp_checked = moved = 1;
-            }
-        }
-        while (fp_checked && done_r < posted_r) {
-            BRAID_CHECK(braid__algo_test(run, &recv_reqs[done_r % RECV_SLOTS], &done));
-            if (!done)
-                break;
-            done_r++;
-            moved = 1;
-        }
-        if (!fp_sent) {
-            BRAID_CHECK(braid__algo_test(run, &fp_send_req, &fp_sent));
-            moved |= fp_sent;
-        }
-        while (done_s < posted_s) {
-            BRAID_CHECK(braid__algo_test(run, &send_reqs[done_s % SEND_WINDOW], &done));
-            if (!done)
-                break;
-            done_s++;
-            moved = 1;
-        }
+        BRAID_CHECK(braid__ring_flow_poll(run, &f, &moved));
         /* Reduce in order. From step 1 on, the recv chunk being written
          * still holds the previous partial until its forwarding send is done. */
-        while (reduced < done_r && (reduced < g.chunks || reduced < done_s)) {
+        while (reduced < f.done_r && (reduced < g.chunks || reduced < f.done_s)) {
             item_range(&g, reduced, 2, &step, &block, &off, &len);
             const uint8_t *slot = staging + (reduced % RECV_SLOTS) * slot_bytes;
             const uint8_t *mine = (block == g.rank ? own_block : send + (size_t)block * block_bytes) + off * g.esize;
@@ -149,9 +126,9 @@ braid_status braid__ring_reduce_scatter(braid_algo_run *run)
             moved = 1;
         }
 
-        if (fp_sent && fp_checked && reduced == total && done_s == total)
+        if (f.fp_sent && f.fp_checked && reduced == total && f.done_s == total)
             return BRAID_OK;
         if (!moved)
-            BRAID_CHECK(braid__algo_wait(run, conns, nconns, done_r < total || !fp_checked ? prev : next));
+            BRAID_CHECK(braid__algo_wait(run, conns, nconns, f.done_r < total || !f.fp_checked ? prev : next));
     }
 }
