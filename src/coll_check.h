@@ -1,5 +1,6 @@
 /* Argument checks shared by the collective entry points outside the
- * all-reduce and broadcast paths (collectives_extra.c, exchange.c). Each
+ * all-reduce and broadcast paths (coll_reduce.c, coll_allgather.c,
+ * p2p_calls.c, exchange.c, mulsum.c), defined in coll_check.c. Each
  * returns BRAID_OK or sets the error text (rank, call, cause). */
 #ifndef BRAID_COLL_CHECK_H
 #define BRAID_COLL_CHECK_H
@@ -33,7 +34,7 @@ braid_status braid__allreduce_submit(braid_pg *pg, const char *name, const void 
                                      braid_work **work);
 
 /* braid_reduce and braid_reduce_scatter with an optional MULSUM scalar
- * (collectives_extra.c). */
+ * (coll_reduce.c). */
 braid_status braid__reduce_submit(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
                                   braid_op op, const void *scalar, int root, void *cuda_stream, braid_work **work);
 braid_status braid__reduce_scatter_submit(braid_pg *pg, const void *send, void *recv, size_t recvcount,

@@ -1,0 +1,39 @@
+/* Entry point of all-gather: argument checks with the caller's view of the
+ * buffers (send may be this rank's own block of recv: in place), then the
+ * executor (or the open group, which braid__work_submit records into). */
+#include "coll_check.h"
+#include "pg.h"
+#include "refuse.h"
+#include "status.h"
+
+static braid_status allgather_checked(braid_pg *pg, const void *send, void *recv, size_t sendcount, braid_dtype dtype,
+                                       void *cuda_stream, braid_work **work)
+{
+    BRAID_CHECK(braid__check_common(pg, "allgather", sendcount, 1, dtype, cuda_stream));
+    BRAID_CHECK(braid__check_ptr(pg, "allgather", "send", send, sendcount));
+    BRAID_CHECK(braid__check_ptr(pg, "allgather", "recv", recv, sendcount));
+    BRAID_CHECK(braid__check_host(pg, "allgather", "send", send, sendcount));
+    BRAID_CHECK(braid__check_host(pg, "allgather", "recv", recv, sendcount));
+    size_t bytes = sendcount * braid_dtype_size(dtype);
+    const char *own = (const char *)recv + (size_t)pg->rank * bytes;
+    if (send != own && braid__overlap(send, bytes, recv, bytes * (size_t)pg->size))
+        return braid__error(BRAID_ERR_INVALID_ARG,
+                            "rank %d: allgather: send overlaps recv without being its block %d (in place)", pg->rank,
+                            pg->rank);
+    braid_coll c = {.kind = BRAID_COLL_ALLGATHER,
+                    .send = send,
+                    .recv = recv,
+                    .count = sendcount,
+                    .dtype = dtype,
+                    .op = BRAID_SUM,
+                    .root = -1};
+    return braid__work_submit(pg, &c, work);
+}
+
+BRAID_API braid_status braid_allgather(braid_pg *pg, const void *send, void *recv, size_t sendcount, braid_dtype dtype,
+                                       void *cuda_stream, braid_work **work)
+{
+    braid_status st = allgather_checked(pg, send, recv, sendcount, dtype, cuda_stream, work);
+    braid_coll c = {.kind = BRAID_COLL_ALLGATHER, .send = send, .recv = recv, .count = sendcount, .dtype = dtype, .op = BRAID_SUM, .root = -1};
+    return st == BRAID_ERR_INVALID_ARG ? braid__coll_refuse(pg, &c, st) : st;
+}

@@ -1,0 +1,71 @@
+/* Argument checks shared by the collective entry points outside the
+ * all-reduce and broadcast paths (coll_check.h): group handle, dtype,
+ * count overflow, CUDA stream, buffers and op. Each failure sets the error
+ * text (rank, call, cause) and returns its status; the entry point then
+ * decides whether the call is refused to the peers (refuse.h). */
+#include <stdint.h>
+
+#include "coll_check.h"
+#include "hmem.h"
+#include "pg.h"
+#include "status.h"
+
+int braid__overlap(const void *a, size_t alen, const void *b, size_t blen)
+{
+    return alen && blen && (const char *)a < (const char *)b + blen && (const char *)b < (const char *)a + alen;
+}
+
+/* Checks every entry point shares. per_rank: the larger buffer holds one
+ * count-sized block per rank, and its size must not overflow either. */
+braid_status braid__check_common(braid_pg *pg, const char *name, size_t count, int per_rank, braid_dtype dtype,
+                                 void *cuda_stream)
+{
+    BRAID_CHECK(braid__pg_check_handle(pg, name));
+    size_t blocks = per_rank ? (size_t)pg->size : 1;
+    size_t esize = braid_dtype_size(dtype);
+    if (esize == 0)
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: invalid dtype %d", pg->rank, name, (int)dtype);
+    if (count > SIZE_MAX / esize / 2 / blocks)
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: count %zu overflows", pg->rank, name, count);
+    if (cuda_stream)
+        return braid__error(BRAID_ERR_UNSUPPORTED,
+                            "rank %d: %s: takes no CUDA stream (only allreduce and broadcast run on CUDA streams)",
+                            pg->rank, name);
+    return BRAID_OK;
+}
+
+/* These collectives run on host memory only: the CPU algorithms read and
+ * write the buffers directly, which would fault on CUDA device memory.
+ * Device buffers are refused up front (braid__mem_is_device makes no CUDA
+ * call in a process that has no CUDA context). */
+braid_status braid__check_host(const braid_pg *pg, const char *name, const char *what, const void *p, size_t count)
+{
+    if (count > 0 && p && braid__mem_is_device(p))
+        return braid__error(BRAID_ERR_UNSUPPORTED,
+                            "rank %d: %s: %s is CUDA device memory, which %s does not take (only allreduce and "
+                            "broadcast do): copy it to host memory first",
+                            pg->rank, name, what, name);
+    return BRAID_OK;
+}
+
+braid_status braid__check_op(const braid_pg *pg, const char *name, braid_op op, const void *scalar)
+{
+    if ((unsigned)op >= BRAID_OP_COUNT)
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: invalid op %d", pg->rank, name, (int)op);
+    if (op == BRAID_MULSUM && !scalar)
+        return braid__error(BRAID_ERR_INVALID_ARG,
+                            "rank %d: %s: op BRAID_MULSUM needs each rank's scalar: call %s_mulsum instead",
+                            pg->rank, name, name);
+    if (op != BRAID_MULSUM && scalar)
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: a scalar only goes with op BRAID_MULSUM", pg->rank,
+                            name);
+    return BRAID_OK;
+}
+
+braid_status braid__check_ptr(const braid_pg *pg, const char *name, const char *what, const void *p, size_t count)
+{
+    if (count > 0 && !p)
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: %s is NULL with count %zu", pg->rank, name, what,
+                            count);
+    return BRAID_OK;
+}

@@ -1,0 +1,52 @@
+/* Entry points of send and receive: argument checks, then the executor (or
+ * the open group, which braid__work_submit records into, where a send to
+ * oneself meets its matching receive). */
+#include "coll_check.h"
+#include "pg.h"
+#include "status.h"
+
+static braid_status check_p2p(braid_pg *pg, const char *name, const void *buf, size_t count, braid_dtype dtype,
+                              int peer, void *cuda_stream)
+{
+    BRAID_CHECK(braid__check_common(pg, name, count, 0, dtype, cuda_stream));
+    BRAID_CHECK(braid__check_ptr(pg, name, "buf", buf, count));
+    BRAID_CHECK(braid__check_host(pg, name, "buf", buf, count));
+    if (peer < 0 || peer >= pg->size)
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: peer %d out of range [0, %d)", pg->rank, name, peer,
+                            pg->size);
+    /* A message to oneself only completes against its partner in a group. */
+    if (peer == pg->rank && !braid__group_open_here(pg))
+        return braid__error(BRAID_ERR_INVALID_ARG,
+                            "rank %d: %s with itself outside a group would never complete: pair it with a %s "
+                            "between braid_group_start and braid_group_end",
+                            pg->rank, name, name[0] == 's' ? "recv" : "send");
+    return BRAID_OK;
+}
+
+BRAID_API braid_status braid_send(braid_pg *pg, const void *buf, size_t count, braid_dtype dtype, int peer,
+                                  void *cuda_stream, braid_work **work)
+{
+    BRAID_CHECK(check_p2p(pg, "send", buf, count, dtype, peer, cuda_stream));
+    braid_coll c = {.kind = BRAID_COLL_SEND,
+                    .send = buf,
+                    .count = count,
+                    .dtype = dtype,
+                    .op = BRAID_SUM,
+                    .root = -1,
+                    .peer = peer};
+    return braid__work_submit(pg, &c, work);
+}
+
+BRAID_API braid_status braid_recv(braid_pg *pg, void *buf, size_t count, braid_dtype dtype, int peer, void *cuda_stream,
+                                  braid_work **work)
+{
+    BRAID_CHECK(check_p2p(pg, "recv", buf, count, dtype, peer, cuda_stream));
+    braid_coll c = {.kind = BRAID_COLL_RECV,
+                    .recv = buf,
+                    .count = count,
+                    .dtype = dtype,
+                    .op = BRAID_SUM,
+                    .root = -1,
+                    .peer = peer};
+    return braid__work_submit(pg, &c, work);
+}
