@@ -39,12 +39,11 @@
  * Only the host waits on events (cudaEventQuery in the loop; a blocking
  * wait when nothing else can move), streams wait on each other through
  * events, so copies up, kernels, copies down and the network all overlap. */
-#include <stdlib.h>
-
 #include <cuda_runtime_api.h>
 
 #include "braid_cuda.h"
 #include "devlink.h"
+#include "fault_inject.h"
 #include "hmem_cuda.h"
 #include "pg_algo.h"
 #include "status.h"
@@ -115,8 +114,7 @@ static void dcur_range(const dring *g, const dcursor *c, size_t *off, size_t *le
 static int conn_takes_device_memory(const braid_conn *conn)
 {
 #ifdef BRAID_CUDA_FAKE
-    const char *direct = getenv("CUDA_FAKE_DIRECT");
-    if (direct && direct[0] == '1')
+    if (braid__fault_cuda_direct())
         return 1;
 #endif
     const braid_transport_ops *ipc = braid__transport_get(BRAID_TRANSPORT_CUDA_IPC);

@@ -36,8 +36,8 @@
 #include "bootstrap/store.h"
 #include "checksum.h"
 #include "crc32c.h"
+#include "fault_inject.h"
 #include "log.h"
-#include "param.h"
 #include "status.h"
 #include "transport.h"
 
@@ -81,12 +81,12 @@ static ck_conn *ck_of(braid_conn *conn)
     return (ck_conn *)conn; /* base is the first member */
 }
 
-/* Test hook, BRAID_TEST_CORRUPT_CHUNK=K: the K-th non-empty message this
- * process receives (counted over all its checksummed connections, from 1)
- * gets one bit flipped after the transport delivered it and before it is
- * verified, standing in for corruption on the way. The counter is
- * process-wide so that a test can aim at "some data message" without
- * knowing which link carries it. */
+/* Test hook, BRAID_TEST_CORRUPT_CHUNK=K (braid__fault_corrupt_chunk_at):
+ * the K-th non-empty message this process receives (counted over all its
+ * checksummed connections, from 1) gets one bit flipped after the
+ * transport delivered it and before it is verified, standing in for
+ * corruption on the way. The counter is process-wide so that a test can
+ * aim at "some data message" without knowing which link carries it. */
 static atomic_llong corrupt_seen;
 
 static void put_le32(uint8_t *p, uint32_t v)
@@ -427,7 +427,7 @@ braid_status braid__checksum_wrap(int rank, braid_conn **conn)
     c->base.error = BRAID_OK;
     c->inner = in;
     c->rank = rank;
-    c->corrupt_at = braid__param_int("BRAID_TEST_CORRUPT_CHUNK", 0);
+    c->corrupt_at = braid__fault_corrupt_chunk_at();
     *conn = &c->base;
     return BRAID_OK;
 }

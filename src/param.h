@@ -36,7 +36,7 @@ typedef enum {
     BRAID_PARAM_CORE,     /* general knobs */
     BRAID_PARAM_VERBS,    /* RDMA verbs transport */
     BRAID_PARAM_LAUNCHER, /* set by torchrun, mpirun, srun */
-    BRAID_PARAM_TEST,     /* test hooks, not for production */
+    BRAID_PARAM_TEST,     /* test hooks, not for production: read by fault_inject.c only */
     BRAID_PARAM_SECTION_COUNT
 } braid_param_section;
 

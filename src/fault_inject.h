@@ -1,0 +1,19 @@
+/* Fault injection for tests: the one place the library reads its test
+ * hooks (the TEST section of src/param.c's table). Each function is named
+ * for the fault it injects and says whether, or where, to inject it; the
+ * code that injects it stays with the module it breaks. In production
+ * none of these variables is set and every function answers "never". */
+#ifndef BRAID_FAULT_INJECT_H
+#define BRAID_FAULT_INJECT_H
+
+/* BRAID_TEST_CORRUPT_CHUNK=K: flip one bit of the K-th non-empty message
+ * this process receives with checksums on (src/checksum.c). K, or 0 for
+ * never. */
+long long braid__fault_corrupt_chunk_at(void);
+
+/* CUDA_FAKE_DIRECT=1, in builds against tests/cuda_fake.c: take every
+ * connection as one that moves device memory itself (cuda/device_ring.c).
+ * 1 when set, else 0. */
+int braid__fault_cuda_direct(void);
+
+#endif
