@@ -27,9 +27,33 @@ static const braid_transport_ops *builtin_at(int id)
     return id == BRAID_TRANSPORT_CUDA_IPC ? braid__cuda_ipc_transport() : fixed[id];
 }
 
-/* Auto-selection order: fastest first, TCP last since it works anywhere.
- * cuda_ipc is never the whole group's transport unless named: it serves
- * device calls between same-host GPU ring neighbours (src/devlink.c). */
+/* Which peers a transport can serve. Selection reads this, never a name:
+ * a transport that serves only some pairs is left out of the group's
+ * choice when a list names it beside others, and serves those pairs
+ * beside the group's transport instead. */
+typedef enum {
+    SCOPE_ANY = 0,     /* any pair: a candidate for the group's transport */
+    SCOPE_SAME_HOST,   /* pairs on one host (braid__transport_select_local) */
+    SCOPE_DEVICE_LINK, /* device calls between same-host ring neighbours (src/devlink.c) */
+} transport_scope;
+
+typedef struct {
+    transport_scope scope;
+    /* The whole group agrees on it before any rank uses it: it reaches
+     * other hosts but, unlike TCP, may be missing or broken on some of
+     * them, and a pair whose ends chose differently could never connect. */
+    int agreed;
+} transport_caps;
+
+static const transport_caps caps[BRAID_TRANSPORT_ID_COUNT] = {
+    [BRAID_TRANSPORT_TCP] = {.scope = SCOPE_ANY},
+    [BRAID_TRANSPORT_VERBS] = {.scope = SCOPE_ANY, .agreed = 1},
+    [BRAID_TRANSPORT_SHM] = {.scope = SCOPE_SAME_HOST},
+    [BRAID_TRANSPORT_CUDA_IPC] = {.scope = SCOPE_DEVICE_LINK},
+};
+
+/* Auto-selection order of the group's transport (SCOPE_ANY only): fastest
+ * first, TCP last since it works anywhere. */
 static const braid_transport_id preference[] = {BRAID_TRANSPORT_VERBS, BRAID_TRANSPORT_TCP};
 
 const braid_transport_ops *braid__transport_get(braid_transport_id id)
@@ -54,12 +78,28 @@ static int usable(const braid_transport_ops *ops, int rank, char *why, size_t wh
     return 0;
 }
 
-/* Transports the whole group agrees on before any rank uses one: they
- * reach other hosts but, unlike TCP, may be missing or broken on some of
- * them, and a pair whose ends chose differently could never connect. */
+static int id_of(const braid_transport_ops *t)
+{
+    for (int i = 0; i < BRAID_TRANSPORT_ID_COUNT; i++)
+        if (builtin_at(i) == t)
+            return i;
+    return -1;
+}
+
+/* Transports the whole group agrees on before any rank uses one. */
 static int agreed(const braid_transport_ops *t)
 {
-    return t && t == builtin_at(BRAID_TRANSPORT_VERBS);
+    int id = t ? id_of(t) : -1;
+    return id >= 0 && caps[id].agreed;
+}
+
+/* The built-in transport of the given scope (one each), or NULL. */
+static const braid_transport_ops *scoped(transport_scope scope)
+{
+    for (int i = 0; i < BRAID_TRANSPORT_ID_COUNT; i++)
+        if (caps[i].scope == scope && builtin_at(i))
+            return builtin_at(i);
+    return NULL;
 }
 
 int braid__transport_agreement_needed(void)
@@ -177,7 +217,7 @@ void braid__transport_tally_add(braid_transport_tally *tally, int voter, const c
 
 int braid__transport_devlinks_wanted(const char *want)
 {
-    const braid_transport_ops *ipc = builtin_at(BRAID_TRANSPORT_CUDA_IPC);
+    const braid_transport_ops *ipc = scoped(SCOPE_DEVICE_LINK);
     if (!ipc)
         return 0;
     if (!want)
@@ -188,7 +228,7 @@ int braid__transport_devlinks_wanted(const char *want)
 
 const braid_transport_ops *braid__transport_select_local(const char *want, int rank)
 {
-    const braid_transport_ops *shm = builtin_at(BRAID_TRANSPORT_SHM);
+    const braid_transport_ops *shm = scoped(SCOPE_SAME_HOST);
     char why[512];
     if (!shm)
         return NULL;
@@ -211,14 +251,6 @@ static void tally_reason(const braid_transport_tally *tally, int id, char *why, 
         snprintf(why, cap, "rank %d: %s", tally->first_rank[id], tally->first_why[id]);
 }
 
-static int id_of(const braid_transport_ops *t)
-{
-    for (int i = 0; i < BRAID_TRANSPORT_ID_COUNT; i++)
-        if (builtin_at(i) == t)
-            return i;
-    return -1;
-}
-
 /* Candidate t of the group's transport: an agreed one by every rank's
  * vote, any other by this rank's probe. */
 static int group_usable(const braid_transport_ops *t, int rank, const braid_transport_tally *tally, char *why,
@@ -236,13 +268,14 @@ static int group_usable(const braid_transport_ops *t, int rank, const braid_tran
 braid_status braid__transport_select(const char *want, int rank, const braid_transport_tally *tally,
                                      const braid_transport_ops **ops)
 {
-    /* shm reaches only this host: next to other names it serves same-host
-     * peers (braid__transport_select_local) and the others pick the rest. */
-    int has_shm = 0, has_ipc = 0;
-    int skip_shm = want && list_count(want, "shm", &has_shm) > 1 && has_shm;
-    /* Likewise cuda_ipc: next to other names it serves device calls
-     * between same-host neighbours (braid__transport_devlinks_wanted). */
-    int skip_ipc = want && list_count(want, "cuda_ipc", &has_ipc) > 1 && has_ipc;
+    /* A transport that serves only some pairs (caps[].scope) is the
+     * group's transport only when named alone; next to other names it
+     * serves its pairs beside the group's transport (same-host peers:
+     * braid__transport_select_local; device links:
+     * braid__transport_devlinks_wanted) and the others pick the rest. */
+    int nwant = 0, has;
+    if (want)
+        nwant = list_count(want, "", &has);
     char why[BRAID_TRANSPORT_WHY_MAX] = "", refused_why[BRAID_TRANSPORT_WHY_MAX] = "";
     const char *last = NULL;
     const braid_transport_ops *refused = NULL, *chosen = NULL;
@@ -258,9 +291,8 @@ braid_status braid__transport_select(const char *want, int rank, const braid_tra
             p += len;
             if (*p == ',')
                 p++;
-            if (!t || (skip_shm && t == builtin_at(BRAID_TRANSPORT_SHM)) ||
-                (skip_ipc && t == builtin_at(BRAID_TRANSPORT_CUDA_IPC)))
-                continue; /* same-host peers only: braid__transport_select_local, src/devlink.c */
+            if (!t || (nwant > 1 && caps[id_of(t)].scope != SCOPE_ANY))
+                continue; /* some pairs only: braid__transport_select_local, src/devlink.c */
         } else {
             t = builtin_at(preference[k]);
             if (!t)
