@@ -16,6 +16,12 @@ typedef enum {
     BRAID_COLL_SEND,  /* point-to-point with .peer; takes no sequence number */
     BRAID_COLL_RECV,
     BRAID_COLL_GROUP, /* .ops[0..nops) recorded between braid_group_start/end */
+    /* Run as a GROUP of sends and receives (src/exchange.c); a job of these
+     * kinds is only ever a refusal (src/refuse.h), and names the group's
+     * call (.call). Last, so the kinds above keep their wire values. */
+    BRAID_COLL_ALLTOALL,
+    BRAID_COLL_GATHER,
+    BRAID_COLL_SCATTER,
 } braid_coll_kind;
 
 /* One collective call, as the algorithms see it. */
@@ -32,6 +38,7 @@ typedef struct braid_coll {
     int peer;          /* SEND/RECV: the other rank */
     struct braid_coll *ops; /* GROUP: the recorded calls; the job owns them */
     int nops;
+    braid_coll_kind call;        /* GROUP: the public call it runs (ALLTOALL...), 0 for braid_group_end's */
     struct braid_hmem_job *hmem; /* device buffers: staging job (src/hmem.h); the job owns it */
     int premul;                  /* MULSUM: send is still to be multiplied by scalar (src/mulsum.c) */
     unsigned char scalar[8];     /* MULSUM: this rank's scalar, one element of dtype */

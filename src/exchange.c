@@ -6,12 +6,15 @@
  * on count or dtype. A rank's own block is a send to itself paired with a
  * receive from itself inside the group, i.e. one copy, skipped when the
  * call is in place. Work handles, nesting inside an open group and the
- * failure path are the group's. */
+ * failure path are the group's. A call its checks refuse is refused to the
+ * peers, as the other collectives are (refuse.h); the group job carries
+ * the call's kind, so that a peer's failure names the call. */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "coll_check.h"
 #include "pg.h"
+#include "refuse.h"
 #include "status.h"
 
 /* One transfer of the plan: this rank's block for/from `peer`. */
@@ -22,9 +25,9 @@ typedef struct {
 
 /* Record sends and receives (peer order, starting after this rank so that
  * rank r's first message goes to r+1, spreading the load), then run them
- * as one group. */
+ * as one group that runs public call `call`. */
 static braid_status exchange_run(braid_pg *pg, const exchange_slot *slots, size_t count, braid_dtype dtype,
-                                 braid_work **work)
+                                 braid_coll_kind call, braid_work **work)
 {
     int n = pg->size, rank = pg->rank;
     if (work)
@@ -41,15 +44,15 @@ static braid_status exchange_run(braid_pg *pg, const exchange_slot *slots, size_
     }
     /* The group is closed also when recording failed; then nothing runs
      * that the caller would have to wait for. */
-    braid_status end = braid_group_end(pg, st == BRAID_OK ? work : NULL);
+    braid_status end = braid__group_end(pg, call, st == BRAID_OK ? work : NULL);
     return st != BRAID_OK ? st : end;
 }
 
 /* Run the plan and free it. */
 static braid_status exchange_with_plan(braid_pg *pg, exchange_slot *slots, size_t count, braid_dtype dtype,
-                                       braid_work **work)
+                                       braid_coll_kind call, braid_work **work)
 {
-    braid_status st = exchange_run(pg, slots, count, dtype, work);
+    braid_status st = exchange_run(pg, slots, count, dtype, call, work);
     free(slots);
     return st;
 }
@@ -71,8 +74,8 @@ static braid_status check_root(const braid_pg *pg, const char *name, int root)
     return BRAID_OK;
 }
 
-BRAID_API braid_status braid_alltoall(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
-                                      void *cuda_stream, braid_work **work)
+static braid_status alltoall_checked(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
+                                     void *cuda_stream, braid_work **work)
 {
     const char *name = "alltoall";
     BRAID_CHECK(braid__check_common(pg, name, count, 1, dtype, cuda_stream));
@@ -90,7 +93,7 @@ BRAID_API braid_status braid_alltoall(braid_pg *pg, const void *send, void *recv
     BRAID_CHECK(slots_alloc(pg, name, &slots));
     for (int p = 0; p < pg->size; p++)
         slots[p] = (exchange_slot){(const char *)send + (size_t)p * bytes, (char *)recv + (size_t)p * bytes};
-    return exchange_with_plan(pg, slots, count, dtype, work);
+    return exchange_with_plan(pg, slots, count, dtype, BRAID_COLL_ALLTOALL, work);
 }
 
 /* Gather (gather = 1: every rank's `block` goes to the root's `all`) and
@@ -136,17 +139,27 @@ static braid_status rooted(braid_pg *pg, const char *name, int gather, const voi
         else
             slots[root].recv = (char *)block;
     }
-    return exchange_with_plan(pg, slots, count, dtype, work);
+    return exchange_with_plan(pg, slots, count, dtype, gather ? BRAID_COLL_GATHER : BRAID_COLL_SCATTER, work);
+}
+
+/* A call its checks refuse is refused to the peers as well (refuse.h). */
+BRAID_API braid_status braid_alltoall(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
+                                      void *cuda_stream, braid_work **work)
+{
+    braid_status st = alltoall_checked(pg, send, recv, count, dtype, cuda_stream, work);
+    return braid__refuse_call(pg, st, BRAID_COLL_ALLTOALL, send, recv, count, dtype, BRAID_SUM, -1);
 }
 
 BRAID_API braid_status braid_gather(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
                                     int root, void *cuda_stream, braid_work **work)
 {
-    return rooted(pg, "gather", 1, recv, send, count, dtype, root, cuda_stream, work);
+    braid_status st = rooted(pg, "gather", 1, recv, send, count, dtype, root, cuda_stream, work);
+    return braid__refuse_call(pg, st, BRAID_COLL_GATHER, send, recv, count, dtype, BRAID_SUM, root);
 }
 
 BRAID_API braid_status braid_scatter(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
                                      int root, void *cuda_stream, braid_work **work)
 {
-    return rooted(pg, "scatter", 0, send, recv, count, dtype, root, cuda_stream, work);
+    braid_status st = rooted(pg, "scatter", 0, send, recv, count, dtype, root, cuda_stream, work);
+    return braid__refuse_call(pg, st, BRAID_COLL_SCATTER, send, recv, count, dtype, BRAID_SUM, root);
 }

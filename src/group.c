@@ -68,6 +68,11 @@ static braid_status check_batches(const braid_pg *pg, const braid_coll *ops, int
 
 BRAID_API braid_status braid_group_end(braid_pg *pg, braid_work **work)
 {
+    return braid__group_end(pg, (braid_coll_kind)0, work);
+}
+
+braid_status braid__group_end(braid_pg *pg, braid_coll_kind call, braid_work **work)
+{
     BRAID_CHECK(braid__pg_check_handle(pg, "braid_group_end"));
     if (work)
         *work = NULL;
@@ -83,7 +88,7 @@ BRAID_API braid_status braid_group_end(braid_pg *pg, braid_work **work)
         return BRAID_OK; /* an inner end: the outermost one runs the group */
     }
     /* The job takes the recorded calls over. */
-    braid_coll job = {.kind = BRAID_COLL_GROUP, .ops = g->ops, .nops = g->nops, .root = -1};
+    braid_coll job = {.kind = BRAID_COLL_GROUP, .ops = g->ops, .nops = g->nops, .call = call, .root = -1};
     g->ops = NULL;
     g->nops = g->cap = 0;
     pthread_mutex_unlock(&pg->mu);
@@ -137,8 +142,9 @@ int braid__group_open_here(braid_pg *pg)
 
 uint64_t braid__coll_seqs(const braid_coll *coll)
 {
-    if (coll->kind == BRAID_COLL_SEND || coll->kind == BRAID_COLL_RECV)
-        return 0;
+    if (coll->kind == BRAID_COLL_SEND || coll->kind == BRAID_COLL_RECV || coll->kind == BRAID_COLL_ALLTOALL ||
+        coll->kind == BRAID_COLL_GATHER || coll->kind == BRAID_COLL_SCATTER)
+        return 0; /* the last three: a refusal of a group of sends and receives */
     if (coll->kind != BRAID_COLL_GROUP)
         return 1;
     uint64_t n = 0;

@@ -68,9 +68,7 @@ static braid_status check_scalar(braid_pg *pg, const char *name, const void *sca
 static braid_status refused(braid_pg *pg, braid_status st, braid_coll_kind kind, const void *send, void *recv,
                             size_t count, braid_dtype dtype, int root)
 {
-    braid_coll c = {.kind = kind, .send = send, .recv = recv, .count = count, .dtype = dtype, .op = BRAID_MULSUM,
-                    .root = root};
-    return st == BRAID_ERR_INVALID_ARG ? braid__coll_refuse(pg, &c, st) : st;
+    return braid__refuse_call(pg, st, kind, send, recv, count, dtype, BRAID_MULSUM, root);
 }
 
 static braid_status allreduce_checked(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,

@@ -137,6 +137,10 @@ void braid__work_stop_thread(braid_pg *pg);
  * thread is recorded instead of queued: returns 1 with *st set. Caller
  * holds pg->mu. */
 int braid__group_capture_locked(braid_pg *pg, const braid_coll *coll, braid_work **work, braid_status *st);
+/* braid_group_end, for a group that runs public call `call` (exchange.c:
+ * BRAID_COLL_ALLTOALL...; 0 for braid_group_end), which a peer's refusal
+ * of it names (refuse.h). */
+braid_status braid__group_end(braid_pg *pg, braid_coll_kind call, braid_work **work);
 /* 1 when the calling thread has a group open on pg. */
 int braid__group_open_here(braid_pg *pg);
 /* Sequence numbers a job takes: one per collective it contains (sends and

@@ -65,7 +65,7 @@ braid_status braid__coll_run(braid_pg *pg, braid_coll *coll)
         return braid__refusal_run(pg, coll);
     if (coll->hmem) /* device buffers: staged pieces come back here as host calls */
         return braid__hmem_coll_run(pg, coll);
-    braid_status st = braid__pg_check_usable(pg, braid__coll_name(coll->kind));
+    braid_status st = braid__pg_check_usable(pg, braid__coll_job_name(coll));
     if (st != BRAID_OK)
         return st;
     braid_algo_ctx ctx;

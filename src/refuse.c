@@ -76,6 +76,14 @@ static void notice_encode(const notice *n, uint8_t out[NOTICE_BYTES])
     put64(out + 28, n->value);
 }
 
+/* The calls a rank refuses to its peers, and so the kinds a notice may
+ * name: the collectives, not sends, receives and groups (braid_coll_kind). */
+static int refusable(int k)
+{
+    return (k >= BRAID_COLL_ALLREDUCE && k <= BRAID_COLL_REDUCE_SCATTER) ||
+           (k >= BRAID_COLL_ALLTOALL && k <= BRAID_COLL_SCATTER);
+}
+
 /* Every field checked: 1 when buf is a notice from another member of this
  * group, of call seq or an earlier one (whose peers' calls did not need
  * the refusing rank, as a broadcast's other ranks may not). */
@@ -90,9 +98,8 @@ static int notice_decode(const braid_pg *pg, uint64_t seq, const uint8_t *buf, s
     n->seq = get64(buf + 12);
     n->pg_tag = get64(buf + 20);
     n->value = get64(buf + 28);
-    return n->rank < (uint32_t)pg->size && (int)n->rank != pg->rank && n->kind >= BRAID_COLL_ALLREDUCE &&
-           n->kind <= BRAID_COLL_REDUCE_SCATTER && n->code >= 1 && n->code <= REFUSED_MAX && n->arg <= BUF_MAX &&
-           n->seq <= seq && n->pg_tag == pg->ctx.pg_tag;
+    return n->rank < (uint32_t)pg->size && (int)n->rank != pg->rank && refusable(n->kind) && n->code >= 1 &&
+           n->code <= REFUSED_MAX && n->arg <= BUF_MAX && n->seq <= seq && n->pg_tag == pg->ctx.pg_tag;
 }
 
 static int has_op(int k)
@@ -102,7 +109,19 @@ static int has_op(int k)
 
 static int has_root(int k)
 {
-    return k == BRAID_COLL_BROADCAST || k == BRAID_COLL_REDUCE;
+    return k == BRAID_COLL_BROADCAST || k == BRAID_COLL_REDUCE || k == BRAID_COLL_GATHER || k == BRAID_COLL_SCATTER;
+}
+
+/* Whether the call needs its send (recv) buffer on this rank: a rooted
+ * call's buffer of every block only on the root. */
+static int needs_send(const braid_pg *pg, const braid_coll *c)
+{
+    return c->kind != BRAID_COLL_SCATTER || c->root == pg->rank;
+}
+
+static int needs_recv(const braid_pg *pg, const braid_coll *c)
+{
+    return (c->kind != BRAID_COLL_REDUCE && c->kind != BRAID_COLL_GATHER) || c->root == pg->rank;
 }
 
 /* The code of a refused call, found again from its arguments (the checks
@@ -128,9 +147,9 @@ static void classify(const braid_pg *pg, const braid_coll *c, notice *n)
         n->code = REFUSED_NULL_BUF;
         n->arg = BUF_BUF;
         n->value = c->count;
-    } else if (c->count > 0 && (!c->send || (!c->recv && (c->kind != BRAID_COLL_REDUCE || c->root == pg->rank)))) {
+    } else if (c->count > 0 && ((!c->send && needs_send(pg, c)) || (!c->recv && needs_recv(pg, c)))) {
         n->code = REFUSED_NULL_BUF;
-        n->arg = !c->send ? BUF_SEND : BUF_RECV;
+        n->arg = !c->send && needs_send(pg, c) ? BUF_SEND : BUF_RECV;
         n->value = c->count;
     } else {
         n->code = REFUSED_OTHER;
@@ -142,9 +161,9 @@ static void classify(const braid_pg *pg, const braid_coll *c, notice *n)
 
 braid_status braid__coll_refuse(braid_pg *pg, const braid_coll *intended, braid_status st)
 {
-    if (st != BRAID_ERR_INVALID_ARG || braid__pg_check_handle_quiet(pg) != BRAID_OK || pg->size < 2 ||
-        !pg->shrink || intended->kind < BRAID_COLL_ALLREDUCE || intended->kind > BRAID_COLL_REDUCE_SCATTER ||
-        atomic_load(&pg->aborted) || atomic_load(&pg->error) != BRAID_OK || braid__group_open_here(pg))
+    if (st != BRAID_ERR_INVALID_ARG || braid__pg_check_handle_quiet(pg) != BRAID_OK || pg->size < 2 || !pg->shrink ||
+        !refusable((int)intended->kind) || atomic_load(&pg->aborted) || atomic_load(&pg->error) != BRAID_OK ||
+        braid__group_open_here(pg))
         return st;
     char text[512], detail[512];
     snprintf(text, sizeof(text), "%s", braid_last_error());
@@ -156,6 +175,13 @@ braid_status braid__coll_refuse(braid_pg *pg, const braid_coll *intended, braid_
     (void)braid__work_submit(pg, &c, NULL);
     braid__error_set_text(text);
     return st;
+}
+
+braid_status braid__refuse_call(braid_pg *pg, braid_status st, braid_coll_kind kind, const void *send, void *recv,
+                                size_t count, braid_dtype dtype, braid_op op, int root)
+{
+    braid_coll c = {.kind = kind, .send = send, .recv = recv, .count = count, .dtype = dtype, .op = op, .root = root};
+    return st == BRAID_ERR_INVALID_ARG ? braid__coll_refuse(pg, &c, st) : st;
 }
 
 braid_status braid__refusal_run(braid_pg *pg, const braid_coll *coll)
@@ -213,7 +239,7 @@ braid_status braid__refusal_explain(braid_pg *pg, const braid_coll *coll, braid_
         break;
     }
     st = braid__error(BRAID_ERR_PEER, "rank %d: %s #%" PRIu64 " failed: rank %u refused braid_%s #%" PRIu64 ": %s",
-                      pg->rank, braid__coll_name(coll->kind), coll->seq, (unsigned)n.rank,
+                      pg->rank, braid__coll_job_name(coll), coll->seq, (unsigned)n.rank,
                       braid__coll_name((braid_coll_kind)n.kind), n.seq, why);
     return st;
 }

@@ -1,10 +1,11 @@
-/* Refused calls. A rank whose collective call fails its argument checks
- * (a NULL buffer, a bad count, dtype, op or root) tells its peers, so
- * that their matching call fails at once naming the rank, the call and
- * the reason ("rank 1 refused braid_allreduce: recv is NULL with count
- * 4"), instead of waiting out the timeout or reading "closed its
- * connection" from a rank that is alive. docs/RELIABILITY.md, "Refused
- * calls", gives the rules.
+/* Refused calls. A rank whose collective call (alltoall, gather and
+ * scatter included; not send, recv or a call inside braid_group_start/end)
+ * fails its argument checks (a NULL buffer, a bad count, dtype, op or
+ * root) tells its peers, so that their matching call fails at once naming
+ * the rank, the call and the reason ("rank 1 refused braid_allreduce:
+ * recv is NULL with count 4"), instead of waiting out the timeout or
+ * reading "closed its connection" from a rank that is alive.
+ * docs/RELIABILITY.md, "Refused calls", gives the rules.
  *
  * The notice does not travel on the data links, where a peer may expect
  * data of any length at that point of the call, but through the store
@@ -20,8 +21,7 @@
 #define BRAID_REFUSE_H
 
 #include "braid.h"
-
-struct braid_coll; /* pg.h */
+#include "coll.h"
 
 /* At a public entry point, after its argument checks failed with st and
  * set the error text. For BRAID_ERR_INVALID_ARG on a usable group of
@@ -31,6 +31,11 @@ struct braid_coll; /* pg.h */
  * with the reason (the peers' calls fail, so it cannot go on). Returns st
  * with the caller's error text unchanged. */
 braid_status braid__coll_refuse(braid_pg *pg, const struct braid_coll *intended, braid_status st);
+
+/* braid__coll_refuse of the call given by its arguments when st is
+ * BRAID_ERR_INVALID_ARG; else st. */
+braid_status braid__refuse_call(braid_pg *pg, braid_status st, braid_coll_kind kind, const void *send, void *recv,
+                                size_t count, braid_dtype dtype, braid_op op, int root);
 
 /* Executor side (dispatch): run a refusal job (coll->refused set). */
 braid_status braid__refusal_run(braid_pg *pg, const struct braid_coll *coll);

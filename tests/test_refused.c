@@ -2,8 +2,9 @@
  * matching call fails at once, naming the refusing rank, the call and the
  * reason, instead of timing out or reading "closed its connection" from a
  * rank that is alive; afterwards every rank's group reports that cause at
- * once. Ranks are forked processes launched the torchrun way; each writes
- * what it saw to a pipe. The collective timeout is 20 s: a prompt failure
+ * once. All-to-all, gather and scatter are covered like the other
+ * collectives. Ranks are forked processes launched the torchrun way; each
+ * writes what it saw to a pipe. The collective timeout is 20 s: a prompt failure
  * is one well under it. */
 #include <check.h>
 #include <stdio.h>
@@ -22,7 +23,7 @@
 #define REFUSER 1
 #define TIMEOUT_MS 20000
 
-typedef enum { BAD_RECV_NULL, BAD_ROOT, BAD_OP } bad_kind;
+typedef enum { BAD_RECV_NULL, BAD_ROOT, BAD_OP, BAD_ALLTOALL_SEND, BAD_GATHER_SEND, BAD_SCATTER_ROOT_SEND } bad_kind;
 
 typedef struct {
     int status;      /* of the refused call and its peers' matching call */
@@ -40,8 +41,9 @@ static long now_ms(void)
     return ts.tv_sec * 1000L + ts.tv_nsec / 1000000;
 }
 
-/* The call under test: rank REFUSER passes the bad argument. */
-static braid_status call(braid_pg *pg, int rank, bad_kind bad, float *buf, size_t count)
+/* The call under test: rank REFUSER passes the bad argument. buf holds
+ * count floats, all two buffers of count floats per rank. */
+static braid_status call(braid_pg *pg, int rank, bad_kind bad, float *buf, float *all, size_t count)
 {
     int wrong = rank == REFUSER;
     switch (bad) {
@@ -51,6 +53,12 @@ static braid_status call(braid_pg *pg, int rank, bad_kind bad, float *buf, size_
         return braid_broadcast(pg, buf, count, BRAID_F32, wrong ? 7 : 0, NULL, NULL);
     case BAD_OP:
         return braid_reduce(pg, buf, buf, count, BRAID_F32, wrong ? (braid_op)99 : BRAID_SUM, 0, NULL, NULL);
+    case BAD_ALLTOALL_SEND:
+        return braid_alltoall(pg, wrong ? NULL : all, all + count * MAX_RANKS, count, BRAID_F32, NULL, NULL);
+    case BAD_GATHER_SEND: /* root 0; rank 1 has no block to give */
+        return braid_gather(pg, wrong ? NULL : buf, all, count, BRAID_F32, 0, NULL, NULL);
+    case BAD_SCATTER_ROOT_SEND: /* the root, rank 1, has nothing to deal out */
+        return braid_scatter(pg, wrong ? NULL : all, buf, count, BRAID_F32, REFUSER, NULL, NULL);
     }
     return BRAID_ERR_INTERNAL;
 }
@@ -71,12 +79,12 @@ static int rank_main(int rank, int world, int port, bad_kind bad, size_t count, 
         (void)!write(out_fd, line, (size_t)n);
         return 1;
     }
-    float *buf = calloc(count, sizeof(float));
+    float *buf = calloc(count, sizeof(float)), *all = calloc(2 * MAX_RANKS * count, sizeof(float));
     /* One good call first: the refusal must land after it, in order. */
     braid_status good = braid_allreduce(pg, buf, buf, count, BRAID_F32, BRAID_SUM, NULL, NULL);
     rank_result r = {0};
     long t0 = now_ms();
-    r.status = (int)call(pg, rank, bad, buf, count);
+    r.status = (int)call(pg, rank, bad, buf, all, count);
     r.elapsed_ms = now_ms() - t0;
     snprintf(r.error, sizeof(r.error), "%s", r.status == BRAID_OK ? "" : braid_last_error());
     t0 = now_ms();
@@ -88,6 +96,7 @@ static int rank_main(int rank, int world, int port, bad_kind bad, size_t count, 
     (void)!write(out_fd, line, (size_t)n);
     braid_pg_destroy(pg);
     free(buf);
+    free(all);
     return 0;
 }
 
@@ -140,20 +149,24 @@ static void run(int world, bad_kind bad, size_t count, rank_result res[MAX_RANKS
 #define ASSERT_HAS(text, needle) \
     ck_assert_msg(strstr((text), (needle)) != NULL, "'%s' not in: %s", (needle), (text))
 
+/* A broadcast's other ranks and a gather's non-root ones do not need rank
+ * 1's data: their call may finish; the next one names the refusal. */
+static int may_finish(bad_kind bad, int rank)
+{
+    return bad == BAD_ROOT || (bad == BAD_GATHER_SEND && rank != 0);
+}
+
 /* Every peer names rank 1, the call and why, well within the timeout;
  * rank 1 gets its own argument error; the next call fails at once on
  * every rank with the same cause. */
 static void check(int world, bad_kind bad, size_t count, const char *refused)
 {
-    /* A broadcast's other ranks do not need rank 1's data: their call may
-     * finish; the next one names the refusal. */
-    int may_finish = bad == BAD_ROOT;
     rank_result res[MAX_RANKS];
     run(world, bad, count, res);
     for (int r = 0; r < world; r++) {
         if (r == REFUSER) {
             ck_assert_msg(res[r].status == BRAID_ERR_INVALID_ARG, "rank %d: %d: %s", r, res[r].status, res[r].error);
-        } else if (res[r].status != BRAID_OK || !may_finish) {
+        } else if (res[r].status != BRAID_OK || !may_finish(bad, r)) {
             ck_assert_msg(res[r].status == BRAID_ERR_PEER, "rank %d: %d: %s", r, res[r].status, res[r].error);
             ASSERT_HAS(res[r].error, refused);
             ck_assert_msg(strstr(res[r].error, "closed its") == NULL, "rank %d: %s", r, res[r].error);
@@ -191,6 +204,34 @@ END_TEST
 START_TEST(test_bad_op) { check(3, BAD_OP, 16, "rank 1 refused braid_reduce #1: invalid op 99"); }
 END_TEST
 
+/* All-to-all, gather and scatter run as groups of sends and receives; a
+ * refusal reaches the peers all the same, naming the public call. */
+START_TEST(test_alltoall_send_null)
+{
+    check(4, BAD_ALLTOALL_SEND, 4, "rank 1 refused braid_alltoall #1: send is NULL with count 4");
+}
+END_TEST
+
+/* Three ranks, 256 Ki floats a block: data already moving when it fails. */
+START_TEST(test_alltoall_send_null_large)
+{
+    check(3, BAD_ALLTOALL_SEND, 1 << 18, "rank 1 refused braid_alltoall #1: send is NULL with count 262144");
+}
+END_TEST
+
+START_TEST(test_gather_send_null)
+{
+    check(3, BAD_GATHER_SEND, 16, "rank 1 refused braid_gather #1: send is NULL with count 16");
+}
+END_TEST
+
+/* The root's send is the one only it needs: the peers' recv fails. */
+START_TEST(test_scatter_root_send_null)
+{
+    check(4, BAD_SCATTER_ROOT_SEND, 16, "rank 1 refused braid_scatter #1: send is NULL with count 16");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("refused");
@@ -201,6 +242,10 @@ int main(void)
     tcase_add_test(tc, test_null_recv_ring);
     tcase_add_test(tc, test_bad_root);
     tcase_add_test(tc, test_bad_op);
+    tcase_add_test(tc, test_alltoall_send_null);
+    tcase_add_test(tc, test_alltoall_send_null_large);
+    tcase_add_test(tc, test_gather_send_null);
+    tcase_add_test(tc, test_scatter_root_send_null);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -33,6 +33,9 @@ void braid__algo_run_init(braid_algo_run *run, const braid_algo_ctx *ctx, const 
 
 /* "allreduce", "reduce_scatter", ... for messages. */
 const char *braid__coll_name(braid_coll_kind kind);
+/* The same for a job: a group that runs one public call (braid_alltoall...)
+ * is named as that call. */
+const char *braid__coll_job_name(const braid_coll *coll);
 
 /* Block until some connection may progress, honouring abort and the
  * deadline; `waiting_on` names the peer for the timeout message. */

@@ -29,8 +29,16 @@ const char *braid__coll_name(braid_coll_kind kind)
     case BRAID_COLL_SEND: return "send";
     case BRAID_COLL_RECV: return "recv";
     case BRAID_COLL_GROUP: return "group";
+    case BRAID_COLL_ALLTOALL: return "alltoall";
+    case BRAID_COLL_GATHER: return "gather";
+    case BRAID_COLL_SCATTER: return "scatter";
     }
     return "?";
+}
+
+const char *braid__coll_job_name(const braid_coll *coll)
+{
+    return braid__coll_name(coll->kind == BRAID_COLL_GROUP && coll->call ? coll->call : coll->kind);
 }
 
 void braid__algo_run_init(braid_algo_run *run, const braid_algo_ctx *ctx, const braid_coll *coll)

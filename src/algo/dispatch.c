@@ -134,7 +134,10 @@ static braid_status run_algo(const braid_algo_ctx *ctx, braid_coll *coll, braid_
         case BRAID_ALGO_HIER: return braid__hier_allreduce(run);
         default: return braid__ring_allreduce(run);
         }
-    case BRAID_COLL_GROUP: break;
+    case BRAID_COLL_GROUP:
+    case BRAID_COLL_ALLTOALL: /* run as groups; a refusal never gets here */
+    case BRAID_COLL_GATHER:
+    case BRAID_COLL_SCATTER: break;
     }
     return braid__error(BRAID_ERR_INTERNAL, "rank %d: job of unknown kind %d", ctx->rank, (int)coll->kind);
 }

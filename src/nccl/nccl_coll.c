@@ -39,6 +39,12 @@ static ncclResult_t buffers(ncclComm_t comm, nccl_op *op)
         return nccl__fail(ncclInvalidArgument, "%s: sendbuff is NULL with count %zu", op->call, op->count);
     if (rb && !op->recv)
         return nccl__fail(ncclInvalidArgument, "%s: recvbuff is NULL with count %zu", op->call, op->count);
+    /* Checked here, as NCCL's other argument errors are, so the call fails
+     * alone; braid would refuse it to the peers and break the group. */
+    uintptr_t s = (uintptr_t)op->send, d = (uintptr_t)op->recv;
+    if (op->kind == NCCL_OP_ALLTOALL && sb && s < d + rb && d < s + sb)
+        return nccl__fail(ncclInvalidArgument, "%s: sendbuff and recvbuff overlap: all-to-all has no in-place form",
+                          op->call);
     ncclResult_t r = ncclSuccess;
     op->device = 0;
     if (sb) {
