@@ -14,6 +14,7 @@
 #include <cuda_runtime_api.h>
 
 #include "braid_cuda.h"
+#include "dl_loaded.h"
 #include "log.h"
 #include "status.h"
 
@@ -96,9 +97,9 @@ int braid__cuda_sm_count(int device)
  * context (current on this thread, or a device's primary context active:
  * what the runtime API and the frameworks on it use), every pointer is host
  * memory and no CUDA call is needed. A CPU-only job therefore never loads
- * or initializes CUDA through braid, and pays one dlopen lookup and, once
- * the driver is loaded, a few driver queries per call until a context
- * shows up; from then on the answer is cached. Not seen: memory of a
+ * or initializes CUDA through braid, and pays one look at the loader's
+ * object count (src/dl_loaded.c) and, once the driver is loaded, a few
+ * driver queries per call until a context shows up; from then on the answer is cached. Not seen: memory of a
  * context made with cuCtxCreate on another thread and never current on
  * the calling one (runtime-API programs never have such contexts). */
 typedef int (*cu_ctx_get_current_fn)(void **ctx);
@@ -119,7 +120,8 @@ static int contexts_may_exist(void)
         return 1;
     static pthread_mutex_t resolve_mu = PTHREAD_MUTEX_INITIALIZER;
     if (!atomic_load_explicit(&resolved, memory_order_acquire)) {
-        void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+        static braid_dl_probe driver_probe;
+        void *h = braid__dl_if_loaded("libcuda.so.1", &driver_probe);
         if (!h)
             return 0; /* nobody loaded the driver: no context, no device memory */
         /* The handle is kept: the driver stays loaded for the process's

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dl_loaded.h"
 #include "nccl_internal.h"
 #if defined(BRAID_HAVE_CUDA)
 #include "braid_cuda.h"
@@ -43,7 +44,8 @@ static const cuda_driver *driver(void)
     static int loaded; /* set once, after d is filled */
     if (__atomic_load_n(&loaded, __ATOMIC_ACQUIRE))
         return &d;
-    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    static braid_dl_probe driver_probe;
+    void *h = braid__dl_if_loaded("libcuda.so.1", &driver_probe);
     if (!h)
         return NULL;
     cuda_driver f = {
