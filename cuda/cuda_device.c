@@ -6,9 +6,11 @@
  * and on a machine without one it fails with an error code instead of the
  * process failing to load. That first call happens in probe(), once. */
 #include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <string.h>
 #include <unistd.h>
 
 #include <cuda_runtime_api.h>
@@ -102,6 +104,28 @@ int braid__cuda_sm_count(int device)
  * context made with cuCtxCreate on another thread and never current on
  * the calling one (runtime-API programs never have such contexts). */
 typedef int (*cu_ctx_get_current_fn)(void **ctx);
+
+#ifndef BRAID_CUDA_FAKE
+static int find_driver(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    (void)data;
+    const char *slash = info->dlpi_name ? strrchr(info->dlpi_name, '/') : NULL;
+    const char *base = slash ? slash + 1 : info->dlpi_name;
+    return base && strncmp(base, "libcuda.so", 10) == 0;
+}
+
+/* Is the driver mapped? Walks the loaded objects without a system call:
+ * dlopen(RTLD_NOLOAD) of a library that is not loaded searches the disk
+ * (ld.so.cache mapped and unmapped, each library directory opened), and
+ * that munmap's TLB shootdown cost more than a small all-reduce itself,
+ * once per buffer per call. */
+static int driver_loaded(void)
+{
+    return dl_iterate_phdr(find_driver, NULL) != 0;
+}
+#endif
+
 typedef int (*cu_device_get_count_fn)(int *n);
 typedef int (*cu_primary_ctx_get_state_fn)(int dev, unsigned *flags, int *active);
 
@@ -119,7 +143,7 @@ static int contexts_may_exist(void)
         return 1;
     static pthread_mutex_t resolve_mu = PTHREAD_MUTEX_INITIALIZER;
     if (!atomic_load_explicit(&resolved, memory_order_acquire)) {
-        void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+        void *h = driver_loaded() ? dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD) : NULL;
         if (!h)
             return 0; /* nobody loaded the driver: no context, no device memory */
         /* The handle is kept: the driver stays loaded for the process's
