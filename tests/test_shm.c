@@ -365,6 +365,43 @@ START_TEST(many_outstanding)
 }
 END_TEST
 
+/* Ping-pong of mixed sizes: the sender rewinds to the ring's start (a skip
+ * header) between many of them, with and without data still in the ring. */
+static const size_t rewind_sizes[] = {40, 4096, 33000, 70000, 1, 131071, 200000, 8, 65536};
+#define NREWIND 300
+
+static int rewind_side(braid_conn *c, void *arg)
+{
+    (void)arg;
+    int me = c->peer == 1 ? 0 : 1;
+    uint8_t *out = malloc(2 * 200000), *in = malloc(200000);
+    if (!out || !in)
+        return 2;
+    for (int i = 0; i < NREWIND; i++) {
+        size_t len = rewind_sizes[i % (sizeof(rewind_sizes) / sizeof(rewind_sizes[0]))];
+        braid_req reqs[3];
+        fill(out, len, (uint64_t)(me * 1000 + i));
+        fill(out + 200000, 40, (uint64_t)(me * 1000 + i + 7)); /* a second message right behind */
+        if (ops->isend(c, &reqs[0], out, len) != BRAID_OK || ops->isend(c, &reqs[1], out + 200000, 40) != BRAID_OK ||
+            ops->irecv(c, &reqs[2], in, len) != BRAID_OK || wait_all(reqs + 2, 1, 30000) != BRAID_OK ||
+            !check_fill(in, len, (uint64_t)((1 - me) * 1000 + i)) || ops->irecv(c, &reqs[2], in, 40) != BRAID_OK ||
+            wait_all(reqs, 3, 30000) != BRAID_OK || !check_fill(in, 40, (uint64_t)((1 - me) * 1000 + i + 7)))
+            return 3;
+    }
+    free(out);
+    free(in);
+    return 0;
+}
+
+START_TEST(ring_rewinds)
+{
+    int child;
+    set_copy_mode(_i);
+    ck_assert_int_eq(run_pair(rewind_side, rewind_side, NULL, &child), 0);
+    ck_assert_int_eq(child, 0);
+}
+END_TEST
+
 /* A receive posted for 200 bytes meets a 100-byte message. */
 static int mismatch_dialer(braid_conn *c, void *arg)
 {
@@ -812,6 +849,7 @@ static Suite *shm_suite(void)
     tcase_add_loop_test(data, sizes_bit_exact, 0, 2);
     tcase_add_loop_test(data, bidirectional, 0, 2);
     tcase_add_loop_test(data, many_outstanding, 0, 2);
+    tcase_add_loop_test(data, ring_rewinds, 0, 2);
     tcase_add_test(data, length_mismatch);
     tcase_add_test(data, wrong_secret);
     tcase_add_test(data, no_leaks);

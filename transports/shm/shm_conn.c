@@ -131,6 +131,21 @@ braid_status braid_shm_conn_create(int rank, int peer, int side, int sock, int m
     return BRAID_OK;
 }
 
+/* On a connection's first pass: fault in the start of both rings, where the
+ * rewinds keep the messages (shm_conn.h), in one call each, instead of a
+ * page fault on each side whenever a message first reaches a page. Only
+ * used connections pay it (mapping every pair's rings up front did not
+ * scale). Best effort. */
+void braid_shm_conn_warm(braid_shm_conn *c)
+{
+    c->warm = 1;
+#if defined(MADV_POPULATE_WRITE) && defined(MADV_POPULATE_READ)
+    size_t n = BRAID_SHM_WARM_BYTES < c->ring_bytes ? BRAID_SHM_WARM_BYTES : c->ring_bytes;
+    (void)madvise(c->tx_data, n, MADV_POPULATE_WRITE);
+    (void)madvise(c->rx_data, n, MADV_POPULATE_READ);
+#endif
+}
+
 void braid_shm_close(braid_conn *conn)
 {
     if (!conn)

@@ -29,7 +29,15 @@
  * BRAID_SHM_CMA_FLAG plus the 8-byte address of its buffer; the receiver
  * reads the payload straight from the sender's buffer and bumps its
  * `acked` counter, which completes the send. Sends complete in posting
- * order, so a copied send behind an unacknowledged one waits for it. */
+ * order, so a copied send behind an unacknowledged one waits for it.
+ *
+ * Rewind: before a message header the sender may write a header with
+ * BRAID_SHM_SKIP_FLAG and the distance to the ring's end instead, and go on
+ * at the ring's start; the receiver skips that far. It does so when the
+ * space left holds the message and BRAID_SHM_HOT_BYTES, so messages keep to
+ * the ring's first tens of KiB (about twice the message), faulted in and
+ * cached, instead of walking all of it (a fresh page fault on both sides
+ * every 4 KiB, and cold cache lines, until the ring had wrapped once). */
 #ifndef BRAID_SHM_CONN_H
 #define BRAID_SHM_CONN_H
 
@@ -47,6 +55,9 @@
 #define BRAID_SHM_HANDSHAKE_MAX_MS 10000
 #define BRAID_SHM_CACHELINE 64
 #define BRAID_SHM_CMA_FLAG ((uint64_t)1 << 63)        /* in a header: an address follows */
+#define BRAID_SHM_SKIP_FLAG ((uint64_t)1 << 62)       /* in a header: skip to the ring start */
+#define BRAID_SHM_HOT_BYTES ((size_t)32 << 10)        /* least free space a skip leaves */
+#define BRAID_SHM_WARM_BYTES ((size_t)256 << 10)      /* ring start faulted in on first use */
 #define BRAID_SHM_CMA_MIN ((size_t)128 << 10)         /* smallest message read in place */
 #define BRAID_SHM_CMA_PIECE ((size_t)4 << 20)         /* bytes read per request per pass */
 #define BRAID_SHM_COOKIE 0x6272616964636d61ull         /* "braidcma" */
@@ -89,6 +100,7 @@ typedef struct {
     int peer_gone;                 /* the socket hung up */
     int peer_pid;                  /* for process_vm_readv; 0: unknown */
     int cma_checked;               /* tried reading the peer's cookie */
+    int warm;                      /* braid_shm_conn_warm ran */
     uint64_t cma_sent;             /* single-copy messages sent */
     uint64_t cma_read;             /* single-copy messages read */
     braid_shm_region *region;
@@ -106,6 +118,21 @@ typedef struct {
 static inline braid_shm_conn *braid_shm_conn_of(braid_conn *conn)
 {
     return (braid_shm_conn *)conn; /* base is the first member */
+}
+
+/* Ring headers are little-endian 64-bit words. */
+static inline void braid_shm_put_le64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static inline uint64_t braid_shm_get_le64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v |= (uint64_t)p[i] << (8 * i);
+    return v;
 }
 
 static inline size_t braid_shm_map_bytes(size_t ring_bytes)
@@ -133,6 +160,8 @@ braid_status braid_shm_region_create(int rank, int peer, size_t ring_bytes, int 
  * still does. */
 braid_status braid_shm_conn_create(int rank, int peer, int side, int sock, int memfd, const int efd[2],
                                    size_t ring_bytes, braid_shm_conn **conn);
+
+void braid_shm_conn_warm(braid_shm_conn *c);
 
 /* Ops (shm_listen.c, shm_data.c, shm_conn.c), declared by slot type (common/ops.h). */
 braid_listen_func_t braid_shm_listen;

@@ -71,20 +71,6 @@ static void ring_read(braid_shm_conn *c, uint64_t pos, void *dst, size_t n)
         memcpy((uint8_t *)dst + first, c->rx_data, n - first);
 }
 
-static void put_le64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_le64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
 /* A send is written: done at once unless it (or an earlier one) waits
  * for the peer to read it in place. */
 static void pop_send(braid_shm_conn *c, uint64_t acked)
@@ -233,13 +219,33 @@ static int send_header(braid_shm_conn *c, braid_req *r, uint64_t *head, size_t *
     if (*space < hdr_len)
         return 0;
     uint8_t hdr[2 * BRAID_SHM_HDR_BYTES];
-    put_le64(hdr, (uint64_t)r->len | (cma ? BRAID_SHM_CMA_FLAG : 0));
-    put_le64(hdr + BRAID_SHM_HDR_BYTES, (uint64_t)(uintptr_t)r->buf);
+    braid_shm_put_le64(hdr, (uint64_t)r->len | (cma ? BRAID_SHM_CMA_FLAG : 0));
+    braid_shm_put_le64(hdr + BRAID_SHM_HDR_BYTES, (uint64_t)(uintptr_t)r->buf);
     ring_write(c, *head, hdr, hdr_len);
     *head += hdr_len;
     *space -= hdr_len;
     r->REQ_HDR_DONE = 1;
     return cma ? 2 : 1;
+}
+
+/* Before r's header: jump back to the ring's start (a skip header,
+ * shm_conn.h) when the space that leaves holds r whole and at least
+ * BRAID_SHM_HOT_BYTES, so that the ring's used part stays small, faulted
+ * in and cached. */
+static void maybe_rewind(braid_shm_conn *c, const braid_req *r, uint64_t *head, uint64_t tail, size_t *space)
+{
+    size_t off = (size_t)*head & (c->ring_bytes - 1), used = (size_t)(*head - tail);
+    size_t need = r->len >= BRAID_SHM_CMA_MIN && peer_reads_us(c) ? 2 * BRAID_SHM_HDR_BYTES
+                                                                   : BRAID_SHM_HDR_BYTES + r->len;
+    if (need < BRAID_SHM_HOT_BYTES)
+        need = BRAID_SHM_HOT_BYTES;
+    if (off < used + need || c->ring_bytes - off < BRAID_SHM_HDR_BYTES)
+        return;
+    uint8_t hdr[BRAID_SHM_HDR_BYTES];
+    braid_shm_put_le64(hdr, (uint64_t)(c->ring_bytes - off) | BRAID_SHM_SKIP_FLAG);
+    ring_write(c, *head, hdr, sizeof(hdr));
+    *head += c->ring_bytes - off;
+    *space = off - used;
 }
 
 /* Complete acked sends and write the queued ones into the ring as far as
@@ -255,6 +261,7 @@ static int send_pass(braid_shm_conn *c)
         braid_req *r = c->send_head;
         size_t space = c->ring_bytes - (size_t)(head - tail);
         if (!r->REQ_HDR_DONE) {
+            maybe_rewind(c, r, &head, tail, &space);
             int written = send_header(c, r, &head, &space);
             if (!written)
                 break;
@@ -286,16 +293,30 @@ static int send_pass(braid_shm_conn *c)
     return any;
 }
 
-/* Read r's header at tail; an in-place message carries the sender's
- * address after it. 1 read, 0 not all there yet, -1 a length other than
- * r's (*st says so). */
+/* Read r's header at tail, past any skip; an in-place message carries the
+ * sender's address after it. 1 read, 0 not all there yet, -1 a length
+ * other than r's or a bad skip (*st says so). */
 static int recv_header(braid_shm_conn *c, braid_req *r, uint64_t *tail, size_t *avail, braid_status *st)
 {
-    if (*avail < BRAID_SHM_HDR_BYTES)
-        return 0;
     uint8_t hdr[2 * BRAID_SHM_HDR_BYTES];
-    ring_read(c, *tail, hdr, BRAID_SHM_HDR_BYTES);
-    uint64_t word = get_le64(hdr), len = word & ~BRAID_SHM_CMA_FLAG;
+    uint64_t word;
+    for (;;) {
+        if (*avail < BRAID_SHM_HDR_BYTES)
+            return 0;
+        ring_read(c, *tail, hdr, BRAID_SHM_HDR_BYTES);
+        word = braid_shm_get_le64(hdr);
+        if (!(word & BRAID_SHM_SKIP_FLAG))
+            break;
+        uint64_t skip = word & ~BRAID_SHM_SKIP_FLAG; /* the sender rewound (maybe_rewind) */
+        if (skip > *avail || ((*tail + skip) & (c->ring_bytes - 1)) != 0) {
+            *st = braid__error(BRAID_ERR_PEER, "rank %d: peer %d wrote a bad ring skip of %llu bytes", c->rank,
+                               c->base.peer, (unsigned long long)skip);
+            return -1;
+        }
+        *tail += skip;
+        *avail -= skip;
+    }
+    uint64_t len = word & ~BRAID_SHM_CMA_FLAG;
     int cma = (word & BRAID_SHM_CMA_FLAG) != 0;
     if (len != (uint64_t)r->len) {
         *st = braid__error(BRAID_ERR_MISMATCH, "rank %d: peer %d sent a message of %llu bytes where %zu were expected",
@@ -306,7 +327,7 @@ static int recv_header(braid_shm_conn *c, braid_req *r, uint64_t *tail, size_t *
         if (*avail < 2 * BRAID_SHM_HDR_BYTES)
             return 0; /* cannot happen: header and address are published together */
         ring_read(c, *tail + BRAID_SHM_HDR_BYTES, hdr + BRAID_SHM_HDR_BYTES, BRAID_SHM_HDR_BYTES);
-        r->REQ_REMOTE = get_le64(hdr + BRAID_SHM_HDR_BYTES);
+        r->REQ_REMOTE = braid_shm_get_le64(hdr + BRAID_SHM_HDR_BYTES);
         r->REQ_CMA = 1;
         *tail += BRAID_SHM_HDR_BYTES;
         *avail -= BRAID_SHM_HDR_BYTES;
@@ -397,6 +418,8 @@ static braid_status conn_pass(braid_shm_conn *c, int *moved)
 {
     if (c->base.error != BRAID_OK)
         return sticky(c);
+    if (!c->warm)
+        braid_shm_conn_warm(c);
     if (!c->cma_checked)
         cma_check(c);
     int any = 0;
