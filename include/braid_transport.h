@@ -23,7 +23,7 @@ extern "C" {
 
 #define BRAID_SECRET_BYTES 16
 #define BRAID_ADDR_MAX 128     /* printable listener address, NUL included */
-#define BRAID_WIRE_VERSION 2   /* bumped on any incompatible wire change */
+#define BRAID_WIRE_VERSION 3   /* bumped on any incompatible wire change */
 
 typedef struct braid_transport_ops braid_transport_ops;
 
