@@ -308,7 +308,8 @@ static int recv_header(braid_shm_conn *c, braid_req *r, uint64_t *tail, size_t *
         if (!(word & BRAID_SHM_SKIP_FLAG))
             break;
         uint64_t skip = word & ~BRAID_SHM_SKIP_FLAG; /* the sender rewound (maybe_rewind) */
-        if (skip > *avail || ((*tail + skip) & (c->ring_bytes - 1)) != 0) {
+        /* 0 would read the same header forever */
+        if (skip == 0 || skip > *avail || ((*tail + skip) & (c->ring_bytes - 1)) != 0) {
             *st = braid__error(BRAID_ERR_PEER, "rank %d: peer %d wrote a bad ring skip of %llu bytes", c->rank,
                                c->base.peer, (unsigned long long)skip);
             return -1;
