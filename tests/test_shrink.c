@@ -359,12 +359,17 @@ static int stopped_body(braid_pg *pg, void *arg)
 {
     (void)arg;
     int me = braid_pg_rank(pg);
+    float x[100] = {0};
+    /* One call first: rank 0 serves the store, and a rank still finishing
+     * init would otherwise time out against the stopped store instead. */
+    braid_status st = braid_allreduce(pg, x, x, 100, BRAID_F32, BRAID_SUM, NULL, NULL);
+    if (st != BRAID_OK)
+        HARNESS_FAIL("rank %d: all-reduce before the stop: %s", me, braid_last_error());
     if (me == 0) {
         raise(SIGSTOP);
         return 0;
     }
-    float x[100] = {0};
-    braid_status st = braid_allreduce(pg, x, x, 100, BRAID_F32, BRAID_SUM, NULL, NULL);
+    st = braid_allreduce(pg, x, x, 100, BRAID_F32, BRAID_SUM, NULL, NULL);
     if (st != BRAID_ERR_TIMEOUT && st != BRAID_ERR_PEER)
         HARNESS_FAIL("rank %d: all-reduce with rank 0 stopped: %s", me, braid_status_string(st));
     braid_pg *np = NULL;
