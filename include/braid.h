@@ -334,7 +334,9 @@ BRAID_API braid_status braid_reduce_scatter(braid_pg *pg, const void *send, void
  *  braid_recv (same count and dtype). Messages between two ranks match in
  *  call order, as in NCCL. Completes once the data has been handed to the
  *  transport. peer may be the caller only inside a group that also
- *  receives from itself (a copy). */
+ *  receives from itself (a copy). Outside a group, a send or receive this
+ *  rank refuses (NULL buf, bad peer...) is told to the peers and breaks
+ *  the group, as a refused collective does (docs/RELIABILITY.md). */
 BRAID_API braid_status braid_send(braid_pg *pg, const void *buf, size_t count, braid_dtype dtype, int peer,
                                   void *cuda_stream, braid_work **work);
 

@@ -1,8 +1,10 @@
 /* Entry points of send and receive: argument checks, then the executor (or
  * the open group, which braid__work_submit records into, where a send to
- * oneself meets its matching receive). */
+ * oneself meets its matching receive). A call refused outside a group is
+ * told to the peers, as a refused collective is (refuse.h). */
 #include "coll_check.h"
 #include "pg.h"
+#include "refuse.h"
 #include "status.h"
 
 static braid_status check_p2p(braid_pg *pg, const char *name, const void *buf, size_t count, braid_dtype dtype,
@@ -26,7 +28,6 @@ static braid_status check_p2p(braid_pg *pg, const char *name, const void *buf, s
 BRAID_API braid_status braid_send(braid_pg *pg, const void *buf, size_t count, braid_dtype dtype, int peer,
                                   void *cuda_stream, braid_work **work)
 {
-    BRAID_CHECK(check_p2p(pg, "send", buf, count, dtype, peer, cuda_stream));
     braid_coll c = {.kind = BRAID_COLL_SEND,
                     .send = buf,
                     .count = count,
@@ -34,13 +35,14 @@ BRAID_API braid_status braid_send(braid_pg *pg, const void *buf, size_t count, b
                     .op = BRAID_SUM,
                     .root = -1,
                     .peer = peer};
-    return braid__work_submit(pg, &c, work);
+    braid_status st = check_p2p(pg, "send", buf, count, dtype, peer, cuda_stream);
+    /* Refused: the partner, maybe blocked on this call, learns why. */
+    return st == BRAID_OK ? braid__work_submit(pg, &c, work) : braid__coll_refuse(pg, &c, st);
 }
 
 BRAID_API braid_status braid_recv(braid_pg *pg, void *buf, size_t count, braid_dtype dtype, int peer, void *cuda_stream,
                                   braid_work **work)
 {
-    BRAID_CHECK(check_p2p(pg, "recv", buf, count, dtype, peer, cuda_stream));
     braid_coll c = {.kind = BRAID_COLL_RECV,
                     .recv = buf,
                     .count = count,
@@ -48,5 +50,7 @@ BRAID_API braid_status braid_recv(braid_pg *pg, void *buf, size_t count, braid_d
                     .op = BRAID_SUM,
                     .root = -1,
                     .peer = peer};
-    return braid__work_submit(pg, &c, work);
+    braid_status st = check_p2p(pg, "recv", buf, count, dtype, peer, cuda_stream);
+    /* Refused: the partner, maybe blocked on this call, learns why. */
+    return st == BRAID_OK ? braid__work_submit(pg, &c, work) : braid__coll_refuse(pg, &c, st);
 }

@@ -29,7 +29,8 @@ typedef enum {
     REFUSED_OP = 4,       /* value: the op */
     REFUSED_ROOT = 5,     /* value: the root */
     REFUSED_COUNT = 6,    /* value: the count, which overflows */
-    REFUSED_MAX = REFUSED_COUNT
+    REFUSED_PEER = 7,     /* value: the send's or receive's peer (out of range, or the rank itself) */
+    REFUSED_MAX = REFUSED_PEER
 } refused_code;
 
 enum { BUF_NONE = 0, BUF_SEND = 1, BUF_RECV = 2, BUF_BUF = 3, BUF_MAX = BUF_BUF };
@@ -77,11 +78,25 @@ static void notice_encode(const notice *n, uint8_t out[NOTICE_BYTES])
 }
 
 /* The calls a rank refuses to its peers, and so the kinds a notice may
- * name: the collectives, not sends, receives and groups (braid_coll_kind). */
+ * name: every call but a group (braid_coll_kind). */
 static int refusable(int k)
 {
-    return (k >= BRAID_COLL_ALLREDUCE && k <= BRAID_COLL_REDUCE_SCATTER) ||
+    return (k >= BRAID_COLL_ALLREDUCE && k <= BRAID_COLL_RECV) ||
            (k >= BRAID_COLL_ALLTOALL && k <= BRAID_COLL_SCATTER);
+}
+
+static int is_p2p(int k)
+{
+    return k == BRAID_COLL_SEND || k == BRAID_COLL_RECV;
+}
+
+/* "braid_allreduce #3"; a send or receive has no sequence number. */
+static void call_name(char *out, size_t size, int kind, uint64_t seq)
+{
+    if (is_p2p(kind))
+        snprintf(out, size, "braid_%s", braid__coll_name((braid_coll_kind)kind));
+    else
+        snprintf(out, size, "braid_%s #%" PRIu64, braid__coll_name((braid_coll_kind)kind), seq);
 }
 
 /* Every field checked: 1 when buf is a notice from another member of this
@@ -143,6 +158,13 @@ static void classify(const braid_pg *pg, const braid_coll *c, notice *n)
     } else if (c->count > SIZE_MAX / esize / 2 / (size_t)pg->size) {
         n->code = REFUSED_COUNT;
         n->value = c->count;
+    } else if (is_p2p((int)c->kind) && c->count > 0 && !(c->kind == BRAID_COLL_SEND ? c->send : c->recv)) {
+        n->code = REFUSED_NULL_BUF;
+        n->arg = BUF_BUF;
+        n->value = c->count;
+    } else if (is_p2p((int)c->kind) && (c->peer < 0 || c->peer >= pg->size || c->peer == pg->rank)) {
+        n->code = REFUSED_PEER;
+        n->value = (uint64_t)(int64_t)c->peer;
     } else if (c->count > 0 && c->kind == BRAID_COLL_BROADCAST && !c->send) {
         n->code = REFUSED_NULL_BUF;
         n->arg = BUF_BUF;
@@ -191,15 +213,15 @@ braid_status braid__refusal_run(braid_pg *pg, const braid_coll *coll)
     uint8_t buf[NOTICE_BYTES];
     notice_encode(&n, buf);
     int told = braid__shrink_notice_send(pg, NOTICE_KEY, buf, sizeof(buf), NOTICE_SEND_MS);
-    BRAID_INFO("rank %d: told %d of %d peers that it refused braid_%s #%" PRIu64, pg->rank, told, pg->size - 1,
-               braid__coll_name(coll->kind), coll->seq);
+    char name[64];
+    call_name(name, sizeof(name), (int)coll->kind, coll->seq);
+    BRAID_INFO("rank %d: told %d of %d peers that it refused %s", pg->rank, told, pg->size - 1, name);
     /* Broken from here, as after any failed call: the peers' matching
      * calls fail. Closing the links (braid__pg_fail) lets the peers blocked
      * on this rank see it at once; the text is this rank's own. */
     braid__error_quiet(BRAID_ERR_INVALID_ARG,
-                       "rank %d refused braid_%s #%" PRIu64 " and told its peers, whose matching calls failed (%s): "
-                       "recreate the group",
-                       pg->rank, braid__coll_name(coll->kind), coll->seq, coll->refused);
+                       "rank %d refused %s and told its peers, whose matching calls failed (%s): recreate the group",
+                       pg->rank, name, coll->refused);
     braid__pg_fail(pg, BRAID_ERR_INVALID_ARG);
     return BRAID_ERR_INVALID_ARG;
 }
@@ -234,12 +256,21 @@ braid_status braid__refusal_explain(braid_pg *pg, const braid_coll *coll, braid_
     case REFUSED_COUNT:
         snprintf(why, sizeof(why), "count %" PRIu64 " overflows", n.value);
         break;
+    case REFUSED_PEER:
+        if ((int64_t)n.value == (int64_t)n.rank)
+            snprintf(why, sizeof(why), "peer %" PRId64 " is itself, outside a group", (int64_t)n.value);
+        else
+            snprintf(why, sizeof(why), "peer %" PRId64 " out of range [0, %d)", (int64_t)n.value, pg->size);
+        break;
     default:
         snprintf(why, sizeof(why), "invalid arguments (rank %u's own error says which)", (unsigned)n.rank);
         break;
     }
-    st = braid__error(BRAID_ERR_PEER, "rank %d: %s #%" PRIu64 " failed: rank %u refused braid_%s #%" PRIu64 ": %s",
-                      pg->rank, braid__coll_job_name(coll), coll->seq, (unsigned)n.rank,
-                      braid__coll_name((braid_coll_kind)n.kind), n.seq, why);
+    char mine[64], theirs[64];
+    call_name(mine, sizeof(mine), (int)(coll->kind == BRAID_COLL_GROUP && coll->call ? coll->call : coll->kind),
+              coll->seq);
+    call_name(theirs, sizeof(theirs), n.kind, n.seq);
+    st = braid__error(BRAID_ERR_PEER, "rank %d: %s failed: rank %u refused %s: %s", pg->rank,
+                      mine + strlen("braid_"), (unsigned)n.rank, theirs, why);
     return st;
 }

@@ -1,7 +1,6 @@
-/* Refused calls. A rank whose collective call (alltoall, gather and
- * scatter included; not send, recv or a call inside braid_group_start/end)
- * fails its argument checks (a NULL buffer, a bad count, dtype, op or
- * root) tells its peers, so that their matching call fails at once naming
+/* Refused calls. A rank whose call (any collective, send or receive; not a
+ * call inside braid_group_start/end) fails its argument checks (a NULL
+ * buffer, a bad count, dtype, op, root or peer) tells its peers, so that their matching call fails at once naming
  * the rank, the call and the reason ("rank 1 refused braid_allreduce:
  * recv is NULL with count 4"), instead of waiting out the timeout or
  * reading "closed its connection" from a rank that is alive.

@@ -3,7 +3,7 @@
  * reason, instead of timing out or reading "closed its connection" from a
  * rank that is alive; afterwards every rank's group reports that cause at
  * once. All-to-all, gather and scatter are covered like the other
- * collectives. Ranks are forked processes launched the torchrun way; each
+ * collectives, and so are a send and a receive. Ranks are forked processes launched the torchrun way; each
  * writes what it saw to a pipe. The collective timeout is 20 s: a prompt failure
  * is one well under it. */
 #include <check.h>
@@ -23,7 +23,16 @@
 #define REFUSER 1
 #define TIMEOUT_MS 20000
 
-typedef enum { BAD_RECV_NULL, BAD_ROOT, BAD_OP, BAD_ALLTOALL_SEND, BAD_GATHER_SEND, BAD_SCATTER_ROOT_SEND } bad_kind;
+typedef enum {
+    BAD_RECV_NULL,
+    BAD_ROOT,
+    BAD_OP,
+    BAD_ALLTOALL_SEND,
+    BAD_GATHER_SEND,
+    BAD_SCATTER_ROOT_SEND,
+    BAD_SEND_NULL, /* rank 1 sends NULL to rank 0, which receives from it */
+    BAD_RECV_PEER, /* rank 0 sends to rank 1, which receives from rank 7 */
+} bad_kind;
 
 typedef struct {
     int status;      /* of the refused call and its peers' matching call */
@@ -59,6 +68,16 @@ static braid_status call(braid_pg *pg, int rank, bad_kind bad, float *buf, float
         return braid_gather(pg, wrong ? NULL : buf, all, count, BRAID_F32, 0, NULL, NULL);
     case BAD_SCATTER_ROOT_SEND: /* the root, rank 1, has nothing to deal out */
         return braid_scatter(pg, wrong ? NULL : all, buf, count, BRAID_F32, REFUSER, NULL, NULL);
+    case BAD_SEND_NULL: /* ranks past 1 take no part */
+        if (rank > REFUSER)
+            return BRAID_OK;
+        return wrong ? braid_send(pg, NULL, count, BRAID_F32, 0, NULL, NULL)
+                     : braid_recv(pg, buf, count, BRAID_F32, REFUSER, NULL, NULL);
+    case BAD_RECV_PEER:
+        if (rank > REFUSER)
+            return BRAID_OK;
+        return wrong ? braid_recv(pg, buf, count, BRAID_F32, 7, NULL, NULL)
+                     : braid_send(pg, buf, count, BRAID_F32, REFUSER, NULL, NULL);
     }
     return BRAID_ERR_INTERNAL;
 }
@@ -150,10 +169,14 @@ static void run(int world, bad_kind bad, size_t count, rank_result res[MAX_RANKS
     ck_assert_msg(strstr((text), (needle)) != NULL, "'%s' not in: %s", (needle), (text))
 
 /* A broadcast's other ranks and a gather's non-root ones do not need rank
- * 1's data: their call may finish; the next one names the refusal. */
+ * 1's data, and a send may fit in the link's buffers: their call may
+ * finish; the next one names the refusal. Ranks outside a send and receive
+ * pair make no call. */
 static int may_finish(bad_kind bad, int rank)
 {
-    return bad == BAD_ROOT || (bad == BAD_GATHER_SEND && rank != 0);
+    int p2p = bad == BAD_SEND_NULL || bad == BAD_RECV_PEER;
+    return bad == BAD_ROOT || (bad == BAD_GATHER_SEND && rank != 0) || (p2p && rank > REFUSER) ||
+           (bad == BAD_RECV_PEER && rank == 0);
 }
 
 /* Every peer names rank 1, the call and why, well within the timeout;
@@ -232,6 +255,25 @@ START_TEST(test_scatter_root_send_null)
 }
 END_TEST
 
+/* A send or receive is refused like a collective: its partner's matching
+ * call fails at once, naming the rank, the call and the reason. */
+START_TEST(test_send_null) { check(2, BAD_SEND_NULL, 4, "rank 1 refused braid_send: buf is NULL with count 4"); }
+END_TEST
+
+/* Rank 2 makes no call: it learns the cause from its next all-reduce. */
+START_TEST(test_send_null_three)
+{
+    check(3, BAD_SEND_NULL, 4, "rank 1 refused braid_send: buf is NULL with count 4");
+}
+END_TEST
+
+/* 4 MiB: rank 0's send blocks on the link until rank 1's refusal ends it. */
+START_TEST(test_recv_bad_peer)
+{
+    check(2, BAD_RECV_PEER, 1 << 20, "rank 1 refused braid_recv: peer 7 out of range [0, 2)");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("refused");
@@ -246,6 +288,9 @@ int main(void)
     tcase_add_test(tc, test_alltoall_send_null_large);
     tcase_add_test(tc, test_gather_send_null);
     tcase_add_test(tc, test_scatter_root_send_null);
+    tcase_add_test(tc, test_send_null);
+    tcase_add_test(tc, test_send_null_three);
+    tcase_add_test(tc, test_recv_bad_peer);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
