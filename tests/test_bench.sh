@@ -217,6 +217,8 @@ local_tests() {
   if [ $rc = 0 ]; then
     check_table "$tmp/g.out" 6 1 "--buffers device on a GPU (32M: the device ring)"
     head -n 1 "$tmp/g.out" | grep -q 'device memory' || fail "--buffers device: first line must say device memory"
+    head -n 1 "$tmp/noflags.out" | grep -q 'device memory' ||
+      fail "on a GPU the default is device buffers: $(head -n 1 "$tmp/noflags.out")"
   else
     [ $rc = 2 ] && [ "$(grep -c -- '--buffers device needs a CUDA device: ' "$tmp/g.err")" = 2 ] ||
       fail "--buffers device without a GPU must exit 2 with a reason from each rank (got $rc: $(head -c 300 "$tmp/g.err"))"
