@@ -25,6 +25,15 @@ static braid_status check_p2p(braid_pg *pg, const char *name, const void *buf, s
     return BRAID_OK;
 }
 
+/* Checked, then queued; refused, the partner (maybe blocked on this call)
+ * learns why. */
+static braid_status submit_p2p(braid_pg *pg, const char *name, const void *buf, braid_coll *c, void *cuda_stream,
+                               braid_work **work)
+{
+    braid_status st = check_p2p(pg, name, buf, c->count, c->dtype, c->peer, cuda_stream);
+    return st == BRAID_OK ? braid__work_submit(pg, c, work) : braid__coll_refuse(pg, c, st);
+}
+
 BRAID_API braid_status braid_send(braid_pg *pg, const void *buf, size_t count, braid_dtype dtype, int peer,
                                   void *cuda_stream, braid_work **work)
 {
@@ -35,9 +44,7 @@ BRAID_API braid_status braid_send(braid_pg *pg, const void *buf, size_t count, b
                     .op = BRAID_SUM,
                     .root = -1,
                     .peer = peer};
-    braid_status st = check_p2p(pg, "send", buf, count, dtype, peer, cuda_stream);
-    /* Refused: the partner, maybe blocked on this call, learns why. */
-    return st == BRAID_OK ? braid__work_submit(pg, &c, work) : braid__coll_refuse(pg, &c, st);
+    return submit_p2p(pg, "send", buf, &c, cuda_stream, work);
 }
 
 BRAID_API braid_status braid_recv(braid_pg *pg, void *buf, size_t count, braid_dtype dtype, int peer, void *cuda_stream,
@@ -50,7 +57,5 @@ BRAID_API braid_status braid_recv(braid_pg *pg, void *buf, size_t count, braid_d
                     .op = BRAID_SUM,
                     .root = -1,
                     .peer = peer};
-    braid_status st = check_p2p(pg, "recv", buf, count, dtype, peer, cuda_stream);
-    /* Refused: the partner, maybe blocked on this call, learns why. */
-    return st == BRAID_OK ? braid__work_submit(pg, &c, work) : braid__coll_refuse(pg, &c, st);
+    return submit_p2p(pg, "recv", buf, &c, cuda_stream, work);
 }

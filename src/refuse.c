@@ -90,13 +90,14 @@ static int is_p2p(int k)
     return k == BRAID_COLL_SEND || k == BRAID_COLL_RECV;
 }
 
-/* "braid_allreduce #3"; a send or receive has no sequence number. */
-static void call_name(char *out, size_t size, int kind, uint64_t seq)
+/* "allreduce #3" for a call named name of this kind; a send or receive
+ * has no sequence number. */
+static void call_name(char *out, size_t size, const char *name, int kind, uint64_t seq)
 {
     if (is_p2p(kind))
-        snprintf(out, size, "braid_%s", braid__coll_name((braid_coll_kind)kind));
+        snprintf(out, size, "%s", name);
     else
-        snprintf(out, size, "braid_%s #%" PRIu64, braid__coll_name((braid_coll_kind)kind), seq);
+        snprintf(out, size, "%s #%" PRIu64, name, seq);
 }
 
 /* Every field checked: 1 when buf is a notice from another member of this
@@ -214,13 +215,13 @@ braid_status braid__refusal_run(braid_pg *pg, const braid_coll *coll)
     notice_encode(&n, buf);
     int told = braid__shrink_notice_send(pg, NOTICE_KEY, buf, sizeof(buf), NOTICE_SEND_MS);
     char name[64];
-    call_name(name, sizeof(name), (int)coll->kind, coll->seq);
-    BRAID_INFO("rank %d: told %d of %d peers that it refused %s", pg->rank, told, pg->size - 1, name);
+    call_name(name, sizeof(name), braid__coll_name(coll->kind), (int)coll->kind, coll->seq);
+    BRAID_INFO("rank %d: told %d of %d peers that it refused braid_%s", pg->rank, told, pg->size - 1, name);
     /* Broken from here, as after any failed call: the peers' matching
      * calls fail. Closing the links (braid__pg_fail) lets the peers blocked
      * on this rank see it at once; the text is this rank's own. */
     braid__error_quiet(BRAID_ERR_INVALID_ARG,
-                       "rank %d refused %s and told its peers, whose matching calls failed (%s): recreate the group",
+                       "rank %d refused braid_%s and told its peers, whose matching calls failed (%s): recreate the group",
                        pg->rank, name, coll->refused);
     braid__pg_fail(pg, BRAID_ERR_INVALID_ARG);
     return BRAID_ERR_INVALID_ARG;
@@ -267,10 +268,8 @@ braid_status braid__refusal_explain(braid_pg *pg, const braid_coll *coll, braid_
         break;
     }
     char mine[64], theirs[64];
-    call_name(mine, sizeof(mine), (int)(coll->kind == BRAID_COLL_GROUP && coll->call ? coll->call : coll->kind),
-              coll->seq);
-    call_name(theirs, sizeof(theirs), n.kind, n.seq);
-    st = braid__error(BRAID_ERR_PEER, "rank %d: %s failed: rank %u refused %s: %s", pg->rank,
-                      mine + strlen("braid_"), (unsigned)n.rank, theirs, why);
+    call_name(mine, sizeof(mine), braid__coll_job_name(coll), (int)coll->kind, coll->seq);
+    call_name(theirs, sizeof(theirs), braid__coll_name((braid_coll_kind)n.kind), n.kind, n.seq);
+    st = braid__error(BRAID_ERR_PEER, "rank %d: %s failed: rank %u refused braid_%s: %s", pg->rank, mine, (unsigned)n.rank, theirs, why);
     return st;
 }
