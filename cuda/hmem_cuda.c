@@ -44,6 +44,7 @@
 #include "braid_cuda.h"
 #include "hmem.h"
 #include "hmem_cuda.h"
+#include "device_coll_group.h"
 #include "log.h"
 #include "status.h"
 #include "transport.h"
@@ -334,6 +335,8 @@ braid_status braid__hmem_submit(braid_pg *pg, const braid_coll *coll, void *cuda
                             "rank %d: %s: buffers are on device %d but the calling thread's current device is %d "
                             "(cudaSetDevice first)",
                             pg->rank, op, device, cur);
+    if (braid__devcoll_takes(pg, coll, device))
+        return braid__devcoll_run(pg, coll, cuda_stream, work); /* graph capture included */
     cudaStream_t stream = (cudaStream_t)cuda_stream;
     enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     CUDA_CALL(cudaStreamIsCapturing(stream, &cap), "cudaStreamIsCapturing", pg->rank);

@@ -50,6 +50,12 @@ const braid_param_info braid__params[] = {
     BOOL("BRAID_SHM_CMA", CORE, "1",
          "shm: read large messages straight from the sender (`process_vm_readv`); off copies them through the "
          "ring"),
+    BOOL("BRAID_DEVCOLL", CORE, "0",
+         "same-host device all-reduce and broadcast as one kernel over IPC-mapped memory (docs/CUDA.md); every "
+         "rank must then pass device memory to them"),
+    SIZE("BRAID_DEVCOLL_ONESHOT_BYTES", CORE, 0, GIB, "262144",
+         "device collectives: largest all-reduce read whole from every peer (one-shot); larger ones reduce a "
+         "shard each and gather (two-shot)"),
     STR("BRAID_SOCKET_IFNAME", CORE, NULL,
         "interface (or prefix, `eth`) whose address braid listens on (unset: the route to rank 0)"),
     INT("BRAID_NSOCKS", CORE, 0, 16, NULL,

@@ -11,6 +11,7 @@
 #include "bootstrap/bootstrap.h"
 #include "bootstrap/store.h"
 #include "coll_check.h"
+#include "device_coll_group.h"
 #include "devlink.h"
 #include "hmem.h"
 #include "log.h"
@@ -123,6 +124,7 @@ static void pg_release_members(braid_pg *pg)
 {
     braid__work_stop_thread(pg);
     braid__hmem_pg_release(pg);
+    braid__devcoll_release(pg);
     braid__shrink_release(pg);
     braid__group_release(pg);
     braid__devlink_release(pg);
@@ -218,6 +220,7 @@ BRAID_API braid_status braid_pg_init_env(braid_pg **pg, const braid_config *cfg)
 static void pg_abort_now(braid_pg *pg)
 {
     atomic_store(&pg->aborted, 1);
+    braid__devcoll_abort(pg);
     int expected = BRAID_OK;
     atomic_compare_exchange_strong(&pg->error, &expected, BRAID_ERR_ABORTED);
     uint64_t one = 1;

@@ -68,6 +68,9 @@ struct braid_pg {
     /* cuda_ipc links to same-host ring neighbours for device all-reduces
      * (devlink.c); NULL when there are none. */
     struct braid_devlinks *devlinks;
+    /* Kernel-driven device collectives (cuda/device_coll_group.h); NULL
+     * when this rank has no region. */
+    struct braid_devcoll_group *devcoll;
 
     /* Failure state: sticky first error, abort flag and a wake-up fd that
      * blocked progress loops poll, so abort is seen at once. */
@@ -127,6 +130,9 @@ braid_status braid__pg_check_usable(braid_pg *pg, const char *op_name);
 /* Work queue (work.c). Takes over what the job owns (a group's calls),
  * whatever it returns. */
 braid_status braid__work_submit(braid_pg *pg, const braid_coll *coll, braid_work **work);
+/* A work handle that is already done, with BRAID_OK: for calls whose
+ * completion is ordered on a CUDA stream instead (device collectives). */
+braid_status braid__work_completed(braid_pg *pg, braid_work **work);
 braid_status braid__work_start_thread(braid_pg *pg);
 /* Initialize pg->cv on the monotonic clock, which braid_wait's deadlines
  * are measured on (a wall-clock step must not stretch or cut them). */

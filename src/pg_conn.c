@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "checksum.h"
+#include "device_coll_group.h"
 #include "devlink.h"
 #include "log.h"
 #include "pg.h"
@@ -67,6 +68,7 @@ void braid__pg_fail(braid_pg *pg, braid_status status)
         }
     }
     braid__devlink_close(pg);
+    braid__devcoll_abort(pg);
 }
 
 braid_status braid__pg_check_usable(braid_pg *pg, const char *op_name)

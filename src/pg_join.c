@@ -11,6 +11,7 @@
 #include "bootstrap/sock.h"
 #include "bootstrap/store.h"
 #include "checksum.h"
+#include "device_coll_group.h"
 #include "devlink.h"
 #include "hmem.h"
 #include "log.h"
@@ -201,6 +202,7 @@ braid_status braid__pg_join(braid_pg *pg, const braid_rendezvous *rv, const brai
 {
     BRAID_CHECK(braid__pg_apply_config(pg, cfg));
     braid__hmem_pg_prepare(pg); /* before any rank of the group can hold a stream */
+    braid__devcoll_prepare(pg);
     memcpy(pg->ctx.secret, rv->secret, sizeof(pg->ctx.secret));
     pg->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (pg->wake_fd < 0)
@@ -240,6 +242,7 @@ braid_status braid__pg_join(braid_pg *pg, const braid_rendezvous *rv, const brai
     BRAID_CHECK(braid__checksum_count(pg->store, &checksum_ranks));
     BRAID_CHECK(exchange_local(pg));
     BRAID_CHECK(braid__devlink_exchange(pg));
+    BRAID_CHECK(braid__devcoll_exchange(pg, pg->store));
     BRAID_CHECK(braid__shrink_prepare(pg, cfg));
     BRAID_CHECK(store_barrier(pg, "init"));
     BRAID_CHECK(braid__checksum_agree(pg->store, pg->rank, pg->size, pg->checksum, checksum_ranks, pg->timeout_ms));

@@ -282,6 +282,19 @@ BRAID_API braid_status braid_test(braid_work *w, int *done)
     return *done ? work_result(w) : BRAID_OK;
 }
 
+braid_status braid__work_completed(braid_pg *pg, braid_work **work_out)
+{
+    braid_work *w = calloc(1, sizeof(*w));
+    if (!w)
+        return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for a work handle", pg->rank);
+    w->pg = pg;
+    w->submit_ms = w->start_ms = braid__now_ms();
+    atomic_init(&w->refs, 1); /* the caller's only: no executor holds it */
+    atomic_init(&w->done, 1);
+    *work_out = w;
+    return BRAID_OK;
+}
+
 BRAID_API void braid_work_free(braid_work *w)
 {
     if (w)

@@ -439,6 +439,8 @@ cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int d)
     (void)d;
     const char *no_ipc = getenv("CUDA_FAKE_NO_IPC");
     *v = a == cudaDevAttrIpcEventSupport && no_ipc && no_ipc[0] == '1' ? 0 : 1;
+    if (a == cudaDevAttrMultiProcessorCount)
+        *v = 3; /* device collectives then spread a large call over 3 blocks */
     return cudaSuccess;
 }
 
@@ -951,4 +953,12 @@ braid_status braid__cuda_wait_flag(const volatile uint32_t *flag, uint32_t want,
     enqueue((cudaStream_t)stream,
             (fake_op){.kind = OP_FLAG, .flag = (const _Atomic uint32_t *)(const volatile void *)flag, .n = want});
     return BRAID_OK;
+}
+
+/* A kernel from elsewhere in the test (tests/cuda_fake_devcoll.c): fn(arg)
+ * runs on the stream's thread in stream order, as a launch would. */
+void cuda_fake_launch(cudaStream_t stream, void (*fn)(void *), void *arg)
+{
+    kernel_launches++;
+    enqueue(stream, (fake_op){.kind = OP_KERNEL, .fn = fn, .arg = arg});
 }

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "braid_cuda.h"
@@ -35,7 +36,18 @@
 #ifdef BRAID_CUDA_FAKE
 #include "devlink.h"
 unsigned long cuda_fake_kernel_launches(void); /* tests/cuda_fake.c */
+unsigned long cuda_fake_devcoll_launches(void); /* tests/cuda_fake_devcoll.c */
 #endif
+
+/* BRAID_DEVCOLL=1: device all-reduces and broadcasts run as kernels over
+ * mapped regions (cuda/device_coll_group.h), where every rank must pass
+ * device memory: the cases that mix host and device ranks, or test the
+ * device links, are left out. */
+static int devcoll_mode(void)
+{
+    const char *v = getenv("BRAID_DEVCOLL");
+    return v && strcmp(v, "1") == 0;
+}
 
 static const braid_dtype all_dtypes[] = {BRAID_F32, BRAID_F64, BRAID_F16, BRAID_BF16,
                                          BRAID_I8,  BRAID_U8,  BRAID_I32, BRAID_I64};
@@ -190,6 +202,10 @@ static int matrix_body(braid_pg *pg, void *arg)
     for (int root = 0; root < braid_pg_size(pg); root++)
         if (check_broadcast(pg, 1000 + (size_t)root, root, (mode)(root % 3), seed++))
             return 1;
+#ifdef BRAID_CUDA_FAKE
+    if (devcoll_mode() && cuda_fake_devcoll_launches() == 0)
+        HARNESS_FAIL("rank %d: BRAID_DEVCOLL=1 but no device collective kernel ran", braid_pg_rank(pg));
+#endif
     return 0;
 }
 
@@ -209,7 +225,12 @@ static int pieces_body(braid_pg *pg, void *arg)
 #ifdef BRAID_CUDA_FAKE
     /* Above one piece the reduction runs in kernels (the device ring):
      * every rank reduces n - 1 chunks of each of its segments at least. */
-    if (cuda_fake_kernel_launches() - launches < (braid_pg_size(pg) > 1 ? (unsigned long)braid_pg_size(pg) - 1 : 1))
+    if (devcoll_mode() && braid_pg_size(pg) > 1) {
+        if (cuda_fake_devcoll_launches() == 0)
+            HARNESS_FAIL("rank %d: BRAID_DEVCOLL=1 but the call did not run as a device collective",
+                         braid_pg_rank(pg));
+    } else if (cuda_fake_kernel_launches() - launches <
+               (braid_pg_size(pg) > 1 ? (unsigned long)braid_pg_size(pg) - 1 : 1))
         HARNESS_FAIL("rank %d: device allreduce above one piece launched %lu kernels", braid_pg_rank(pg),
                      cuda_fake_kernel_launches() - launches);
 #endif
@@ -640,6 +661,56 @@ static int threads_body(braid_pg *pg, void *arg)
     return failed;
 }
 
+#ifdef BRAID_CUDA_FAKE
+/* A rank dies between device collectives: the others' next kernel gives up
+ * within the group's timeout and the call names the dead rank. */
+enum { DEAD_TIMEOUT_MS = 3000 };
+static int devcoll_dead_body(braid_pg *pg, void *arg)
+{
+    (void)arg;
+    int rank = braid_pg_rank(pg);
+    if (pick_device(rank))
+        return 1;
+    if (check_allreduce(pg, BRAID_F32, BRAID_SUM, 4099, 0, MODE_BLOCKING, 7))
+        return 1;
+    if (rank == 2)
+        _exit(0);
+    void *d;
+    cudaStream_t s;
+    CU(cudaMalloc(&d, 4096 * 4));
+    CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    braid_status st = braid_allreduce(pg, d, d, 4096, BRAID_F32, BRAID_SUM, s, NULL);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    if (st != BRAID_ERR_TIMEOUT && st != BRAID_ERR_PEER)
+        HARNESS_FAIL("rank %d: allreduce with rank 2 dead: %s, want a timeout or peer error", rank,
+                     braid_status_string(st));
+    if (!strstr(braid_last_error(), "rank 2"))
+        HARNESS_FAIL("rank %d: the error does not name rank 2: %s", rank, braid_last_error());
+    if (secs > 3.0 * DEAD_TIMEOUT_MS / 1000)
+        HARNESS_FAIL("rank %d: took %.1f s to fail against a %d ms timeout", rank, secs, DEAD_TIMEOUT_MS);
+    /* The group is broken; the stream is not held. */
+    if (braid_allreduce(pg, d, d, 16, BRAID_F32, BRAID_SUM, s, NULL) == BRAID_OK)
+        HARNESS_FAIL("rank %d: a call on the broken group succeeded", rank);
+    CU(cudaStreamSynchronize(s));
+    CU(cudaStreamDestroy(s));
+    CU(cudaFree(d));
+    return 0;
+}
+
+START_TEST(devcoll_dead_3)
+{
+    braid_config cfg = BRAID_CONFIG_INIT;
+    cfg.timeout_ms = DEAD_TIMEOUT_MS;
+    harness_result r;
+    int failed = harness_run(3, devcoll_dead_body, NULL, &cfg, 120, &r);
+    ck_assert_msg(failed == 0, "%d of 3 ranks failed", failed);
+}
+END_TEST
+#endif
+
 static void run_ranks(int n, harness_rank_fn fn, int timeout_s)
 {
     harness_result r;
@@ -733,11 +804,22 @@ int main(void)
 #endif
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        if (devcoll_mode() && (strcmp(cases[i].name, "mixed_3") == 0 || strcmp(cases[i].name, "links_4") == 0 ||
+                               strcmp(cases[i].name, "noipc_3") == 0))
+            continue;
         TCase *tc = tcase_create(cases[i].name);
         tcase_set_timeout(tc, 600);
         tcase_add_test(tc, cases[i].test);
         suite_add_tcase(s, tc);
     }
+#ifdef BRAID_CUDA_FAKE
+    if (devcoll_mode()) {
+        TCase *tc = tcase_create("devcoll_dead_3");
+        tcase_set_timeout(tc, 600);
+        tcase_add_test(tc, devcoll_dead_3);
+        suite_add_tcase(s, tc);
+    }
+#endif
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);

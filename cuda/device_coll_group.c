@@ -1,0 +1,265 @@
+/* A group's kernel-driven device collectives (device_coll_group.h): the
+ * regions, their exchange, and the calls. See device_coll.h for the
+ * protocol the kernels run. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cuda_runtime_api.h>
+
+#include "algo/algo.h"
+#include "braid_cuda.h"
+#include "device_coll.h"
+#include "device_coll_group.h"
+#include "log.h"
+#include "param.h"
+#include "status.h"
+
+/* One block's segment of one slot: the largest chunk a block moves
+ * between two barriers. 32 blocks x 2 slots x 256 KiB = 16 MiB a rank. */
+#define SEG_BYTES (256u << 10)
+
+/* What each rank publishes in the store. */
+typedef struct {
+    uint32_t ok; /* 1: a region is made and mapped here */
+    int32_t pid;
+    int32_t sm_count;
+    uint32_t pad;
+    uint64_t region; /* the region's address in its own process */
+    cudaIpcMemHandle_t handle;
+} region_record;
+
+struct braid_devcoll_group {
+    int device;
+    int ready;      /* every rank mapped every region */
+    int max_blocks; /* the smallest SM count of the group, at most BRAID_DEVCOLL_MAX_BLOCKS */
+    char *region;   /* ours */
+    char *peer[BRAID_DEVCOLL_MAX_RANKS];
+    int opened[BRAID_DEVCOLL_MAX_RANKS]; /* peer[p] came from cudaIpcOpenMemHandle */
+    uint32_t *flags_host;                /* [0]: abort; then the fault record */
+    void *flags_dev;
+    region_record mine;
+};
+
+static size_t region_bytes(void)
+{
+    return braid__devcoll_region_bytes(BRAID_DEVCOLL_MAX_BLOCKS, SEG_BYTES);
+}
+
+static void group_free(struct braid_devcoll_group *g)
+{
+    for (int p = 0; p < BRAID_DEVCOLL_MAX_RANKS; p++)
+        if (g->opened[p] && cudaIpcCloseMemHandle(g->peer[p]) != cudaSuccess)
+            (void)cudaGetLastError();
+    if (g->region && cudaFree(g->region) != cudaSuccess)
+        (void)cudaGetLastError();
+    if (g->flags_host && cudaFreeHost(g->flags_host) != cudaSuccess)
+        (void)cudaGetLastError();
+    free(g);
+}
+
+void braid__devcoll_prepare(braid_pg *pg)
+{
+    if (pg->size < 2 || pg->size > BRAID_DEVCOLL_MAX_RANKS || !braid__param_bool("BRAID_DEVCOLL", 0))
+        return;
+    if (!braid__cuda_context_seen() || !braid__cuda_available())
+        return;
+    struct braid_devcoll_group *g = calloc(1, sizeof(*g));
+    if (!g)
+        return;
+    cudaError_t err = cudaGetDevice(&g->device);
+    if (err == cudaSuccess)
+        err = cudaMalloc((void **)&g->region, region_bytes());
+    if (err == cudaSuccess) /* counters start at zero; before any stream is held */
+        err = cudaMemset(g->region, 0, braid__devcoll_data_offset());
+    if (err == cudaSuccess)
+        err = cudaHostAlloc((void **)&g->flags_host, 64, cudaHostAllocMapped);
+    if (err == cudaSuccess) {
+        memset(g->flags_host, 0, 64);
+        err = cudaHostGetDevicePointer(&g->flags_dev, g->flags_host, 0);
+    }
+    if (err == cudaSuccess)
+        err = cudaIpcGetMemHandle(&g->mine.handle, g->region);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        BRAID_INFO("rank %d: no device collectives: cannot make a %zu-byte region on device %d: %s", pg->rank,
+                   region_bytes(), g->device, cudaGetErrorString(err));
+        group_free(g);
+        return;
+    }
+    g->mine.ok = 1;
+    g->mine.pid = (int32_t)getpid();
+    g->mine.sm_count = braid__cuda_sm_count(g->device);
+    g->mine.region = (uint64_t)(uintptr_t)g->region;
+    pg->devcoll = g;
+}
+
+/* Maps peer p's region; 0 when it cannot. Ranks of this process (threads)
+ * use the address as it is: CUDA does not open a process's own handles. */
+static int map_peer(braid_pg *pg, struct braid_devcoll_group *g, int p, const region_record *r)
+{
+    if (r->pid == g->mine.pid) {
+        g->peer[p] = (char *)(uintptr_t)r->region;
+        return 1;
+    }
+    void *ptr = NULL;
+    cudaError_t err = cudaIpcOpenMemHandle(&ptr, r->handle, cudaIpcMemLazyEnablePeerAccess);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        BRAID_INFO("rank %d: no device collectives: cannot map rank %d's region: %s", pg->rank, p,
+                   cudaGetErrorString(err));
+        return 0;
+    }
+    g->peer[p] = ptr;
+    g->opened[p] = 1;
+    return 1;
+}
+
+static braid_status publish_ok(braid_pg *pg, braid_store *store, int ok, int *all_ok)
+{
+    char key[64];
+    uint32_t v = (uint32_t)ok, got;
+    size_t len;
+    snprintf(key, sizeof(key), "dcoll_ok/%d", pg->rank);
+    BRAID_CHECK(braid__store_set(store, key, &v, sizeof(v)));
+    *all_ok = 1;
+    for (int p = 0; p < pg->size; p++) {
+        snprintf(key, sizeof(key), "dcoll_ok/%d", p);
+        BRAID_CHECK(braid__store_get(store, key, &got, sizeof(got), &len, pg->timeout_ms));
+        if (len != sizeof(got))
+            return braid__error(BRAID_ERR_PEER, "rank %d: rank %d published a malformed device region answer",
+                                pg->rank, p);
+        *all_ok &= got == 1;
+    }
+    return BRAID_OK;
+}
+
+braid_status braid__devcoll_exchange(braid_pg *pg, braid_store *store)
+{
+    /* Every rank takes part, with or without a region: the answer is the
+     * group's, all or nothing. */
+    if (pg->size < 2 || pg->size > BRAID_DEVCOLL_MAX_RANKS || !braid__param_bool("BRAID_DEVCOLL", 0))
+        return BRAID_OK;
+    struct braid_devcoll_group *g = pg->devcoll;
+    region_record none, r;
+    memset(&none, 0, sizeof(none));
+    char key[64];
+    size_t len;
+    snprintf(key, sizeof(key), "dcoll/%d", pg->rank);
+    BRAID_CHECK(braid__store_set(store, key, g ? &g->mine : &none, sizeof(none)));
+    int ok = g != NULL;
+    int min_sms = BRAID_DEVCOLL_MAX_BLOCKS;
+    for (int p = 0; p < pg->size; p++) {
+        snprintf(key, sizeof(key), "dcoll/%d", p);
+        BRAID_CHECK(braid__store_get(store, key, &r, sizeof(r), &len, pg->timeout_ms));
+        if (len != sizeof(r))
+            return braid__error(BRAID_ERR_PEER, "rank %d: rank %d published a malformed device region record",
+                                pg->rank, p);
+        if (!ok || p == pg->rank)
+            continue;
+        if (!r.ok || pg->host_hash[p] != pg->host_hash[pg->rank])
+            ok = 0; /* a rank without a region, or on another host */
+        else
+            ok = map_peer(pg, g, p, &r);
+        if (r.sm_count > 0 && r.sm_count < min_sms)
+            min_sms = r.sm_count;
+    }
+    if (g) {
+        g->peer[pg->rank] = g->region;
+        if (g->mine.sm_count > 0 && g->mine.sm_count < min_sms)
+            min_sms = g->mine.sm_count;
+        g->max_blocks = min_sms;
+    }
+    int all_ok = 0;
+    BRAID_CHECK(publish_ok(pg, store, ok, &all_ok));
+    if (g && all_ok)
+        g->ready = 1;
+    BRAID_INFO("rank %d: device collectives %s", pg->rank,
+               all_ok ? "on: every rank mapped every region" : "off: not every rank has a mapped region");
+    return BRAID_OK;
+}
+
+void braid__devcoll_abort(braid_pg *pg)
+{
+    struct braid_devcoll_group *g = pg->devcoll;
+    if (g && g->flags_host)
+        *(volatile uint32_t *)g->flags_host = 1; /* plain store: safe in a signal handler */
+}
+
+void braid__devcoll_release(braid_pg *pg)
+{
+    if (pg->devcoll)
+        group_free(pg->devcoll);
+    pg->devcoll = NULL;
+}
+
+static braid_devcoll_fault *fault_host(struct braid_devcoll_group *g)
+{
+    return (braid_devcoll_fault *)(g->flags_host + 4);
+}
+
+/* An earlier kernel gave up: the group is broken. */
+static braid_status fault_status(braid_pg *pg, const char *op)
+{
+    braid_devcoll_fault *f = fault_host(pg->devcoll);
+    int timed_out = f->code == BRAID_DEVCOLL_TIMED_OUT;
+    braid_status st = braid__error(timed_out ? BRAID_ERR_TIMEOUT : BRAID_ERR_PEER,
+                                   "rank %d: %s: the device collective %s waiting for rank %d (block %u)", pg->rank,
+                                   op, timed_out ? "timed out" : "was aborted", (int)f->peer, f->block);
+    braid__pg_fail(pg, st);
+    return st;
+}
+
+int braid__devcoll_takes(braid_pg *pg, const braid_coll *coll, int device)
+{
+    struct braid_devcoll_group *g = pg->devcoll;
+    if (!g || !g->ready || device != g->device || coll->count == 0 || coll->refused)
+        return 0;
+    return coll->kind == BRAID_COLL_ALLREDUCE || coll->kind == BRAID_COLL_BROADCAST;
+}
+
+braid_status braid__devcoll_run(braid_pg *pg, const braid_coll *coll, void *stream, braid_work **work)
+{
+    struct braid_devcoll_group *g = pg->devcoll;
+    const char *op = braid__coll_name(coll->kind);
+    if (fault_host(g)->code != BRAID_DEVCOLL_OK)
+        return fault_status(pg, op);
+    BRAID_CHECK(braid__pg_check_usable(pg, op));
+
+    braid_devcoll_args a;
+    memset(&a, 0, sizeof(a));
+    size_t bytes = coll->count * braid_dtype_size(coll->dtype);
+    if (coll->kind == BRAID_COLL_BROADCAST)
+        a.algo = BRAID_DEVCOLL_BROADCAST;
+    else /* one-shot reads every peer's whole input: cheapest while latency rules */
+        a.algo = bytes <= (size_t)braid__param_int("BRAID_DEVCOLL_ONESHOT_BYTES", 262144) ? BRAID_DEVCOLL_ONESHOT
+                                                                                     : BRAID_DEVCOLL_TWOSHOT;
+    a.dtype = coll->dtype;
+    a.op = coll->op;
+    a.rank = pg->rank;
+    a.nranks = pg->size;
+    a.root = coll->root;
+    a.nblocks = braid__devcoll_blocks_for(bytes, g->max_blocks);
+    a.send = coll->send;
+    a.recv = coll->recv;
+    a.count = coll->count;
+    memcpy(&a.scalar, coll->scalar, sizeof(coll->scalar));
+    if (a.op == BRAID_MULSUM && !coll->premul)
+        a.op = BRAID_SUM; /* already multiplied */
+    for (int p = 0; p < pg->size; p++) {
+        a.signal[p] = (braid_devcoll_signal *)g->peer[p];
+        a.data[p] = g->peer[p] + braid__devcoll_data_offset();
+    }
+    a.seg_bytes = SEG_BYTES;
+    a.abort = (const volatile uint32_t *)g->flags_dev;
+    a.fault = (braid_devcoll_fault *)((uint32_t *)g->flags_dev + 4);
+    a.timeout_ns = (uint64_t)pg->timeout_ms * 1000000u;
+    BRAID_CHECK(braid__cuda_devcoll(&a, stream));
+    if (work)
+        return braid__work_completed(pg, work); /* ordered on the stream, as NCCL's calls are */
+    BRAID_CHECK(braid__cuda_stream_sync(stream));
+    if (fault_host(g)->code != BRAID_DEVCOLL_OK)
+        return fault_status(pg, op);
+    return BRAID_OK;
+}

@@ -1,0 +1,46 @@
+/* A group's kernel-driven device collectives (cuda/device_coll.h): each
+ * rank's region made at group creation, exchanged through the group's
+ * store (authenticated with the job secret), mapped by every peer; then
+ * device-memory all-reduces and broadcasts are one kernel on the caller's
+ * stream.
+ *
+ * On only where BRAID_DEVCOLL=1, every rank of the group is on one host
+ * and holds a CUDA context at creation, and every rank mapped every
+ * region: the group agrees, all or nothing. Then every rank must pass
+ * device memory to those calls (as NCCL requires); a rank that does not
+ * leaves its peers' kernels waiting until their timeout, which names it.
+ *
+ * Without CUDA (device_coll_stub.c) nothing is ever on. */
+#ifndef BRAID_DEVICE_COLL_GROUP_H
+#define BRAID_DEVICE_COLL_GROUP_H
+
+#include "bootstrap/store.h"
+#include "pg.h"
+
+/* Before the rendezvous (no stream of the group is held yet): make this
+ * rank's region where the calling thread has a CUDA context. Failures
+ * are logged and leave the group without device collectives. */
+void braid__devcoll_prepare(braid_pg *pg);
+
+/* During the join, through the store: publish the region, map the peers',
+ * agree. Every rank calls it. */
+braid_status braid__devcoll_exchange(braid_pg *pg, braid_store *store);
+
+/* 1 when coll (on device memory of device) runs as a device collective. */
+int braid__devcoll_takes(braid_pg *pg, const braid_coll *coll, int device);
+
+/* Queues coll's kernel on stream. work != NULL: a completed work handle,
+ * the result ordered on the stream; work == NULL: waits for the stream.
+ * A kernel that gave up (a peer missing past the timeout, or an abort)
+ * breaks the group; the next call, or this one when blocking, says so,
+ * naming the peer. */
+braid_status braid__devcoll_run(braid_pg *pg, const braid_coll *coll, void *stream, braid_work **work);
+
+/* Make every waiting kernel of the group give up (abort, peer failure):
+ * one store to host memory, safe in a signal handler. */
+void braid__devcoll_abort(braid_pg *pg);
+
+/* Unmap and free (group teardown). */
+void braid__devcoll_release(braid_pg *pg);
+
+#endif

@@ -1,0 +1,47 @@
+/* braid__cuda_devcoll for the CUDA stand-in (tests/cuda_fake.c): the
+ * kernels of cuda/device_coll_kernels.cu compiled for the host emulation
+ * (there named braid__emu_devcoll), run on the stream's thread in stream
+ * order, as the GPU would run the launch. The regions are the stand-in's
+ * device memory, which other processes map through its IPC handles, so a
+ * group's ranks run the kernels' protocol against each other for real. */
+#include <stdlib.h>
+
+#include "cuda_runtime_api.h"
+#include "device_coll.h"
+#include "status.h"
+
+braid_status braid__emu_devcoll(const braid_devcoll_args *a, void *stream);
+void cuda_fake_launch(cudaStream_t stream, void (*fn)(void *), void *arg);
+
+static _Atomic unsigned long launches;
+
+/* Device-collective kernels this process queued. */
+unsigned long cuda_fake_devcoll_launches(void)
+{
+    return launches;
+}
+
+static void run(void *arg)
+{
+    braid_devcoll_args *a = arg;
+    (void)braid__emu_devcoll(a, NULL); /* checked at the launch */
+    free(a);
+}
+
+braid_status braid__cuda_devcoll(const braid_devcoll_args *a, void *stream)
+{
+    if (a == NULL)
+        return braid__emu_devcoll(a, stream);
+    braid_devcoll_args check = *a;
+    check.count = 0; /* the arguments are checked, nothing runs */
+    BRAID_CHECK(braid__emu_devcoll(&check, stream));
+    if (a->count == 0)
+        return BRAID_OK;
+    braid_devcoll_args *copy = malloc(sizeof(*copy));
+    if (!copy)
+        return braid__error(BRAID_ERR_NO_MEMORY, "cuda fake: out of memory");
+    *copy = *a;
+    launches++;
+    cuda_fake_launch((cudaStream_t)stream, run, copy);
+    return BRAID_OK;
+}
