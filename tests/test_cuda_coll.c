@@ -33,12 +33,6 @@
 #ifdef BRAID_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#ifdef BRAID_CUDA_FAKE
-#include "devlink.h"
-unsigned long cuda_fake_kernel_launches(void); /* tests/cuda_fake.c */
-unsigned long cuda_fake_devcoll_launches(void); /* tests/cuda_fake_devcoll.c */
-#endif
-
 /* BRAID_DEVCOLL=1: device all-reduces and broadcasts run as kernels over
  * mapped regions (cuda/device_coll_group.h), where every rank must pass
  * device memory: the cases that mix host and device ranks, or test the
@@ -48,6 +42,12 @@ static int devcoll_mode(void)
     const char *v = getenv("BRAID_DEVCOLL");
     return v && strcmp(v, "1") == 0;
 }
+
+#ifdef BRAID_CUDA_FAKE
+#include "devlink.h"
+unsigned long cuda_fake_kernel_launches(void); /* tests/cuda_fake.c */
+unsigned long cuda_fake_devcoll_launches(void); /* tests/cuda_fake_devcoll.c */
+#endif
 
 static const braid_dtype all_dtypes[] = {BRAID_F32, BRAID_F64, BRAID_F16, BRAID_BF16,
                                          BRAID_I8,  BRAID_U8,  BRAID_I32, BRAID_I64};
@@ -661,7 +661,6 @@ static int threads_body(braid_pg *pg, void *arg)
     return failed;
 }
 
-#ifdef BRAID_CUDA_FAKE
 /* A rank dies between device collectives: the others' next kernel gives up
  * within the group's timeout and the call names the dead rank. */
 enum { DEAD_TIMEOUT_MS = 3000 };
@@ -709,7 +708,6 @@ START_TEST(devcoll_dead_3)
     ck_assert_msg(failed == 0, "%d of 3 ranks failed", failed);
 }
 END_TEST
-#endif
 
 static void run_ranks(int n, harness_rank_fn fn, int timeout_s)
 {
@@ -812,14 +810,12 @@ int main(void)
         tcase_add_test(tc, cases[i].test);
         suite_add_tcase(s, tc);
     }
-#ifdef BRAID_CUDA_FAKE
     if (devcoll_mode()) {
         TCase *tc = tcase_create("devcoll_dead_3");
         tcase_set_timeout(tc, 600);
         tcase_add_test(tc, devcoll_dead_3);
         suite_add_tcase(s, tc);
     }
-#endif
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
