@@ -27,13 +27,15 @@ typedef struct {
     int32_t sm_count;
     uint32_t pad;
     uint64_t region; /* the region's address in its own process */
+    char bus[32];    /* the device's PCI bus id: ranks that share a GPU share its SMs */
     cudaIpcMemHandle_t handle;
 } region_record;
 
 struct braid_devcoll_group {
     int device;
     int ready;      /* every rank mapped every region */
-    int max_blocks; /* the smallest SM count of the group, at most BRAID_DEVCOLL_MAX_BLOCKS */
+    int max_blocks;  /* SMs per rank on the most shared GPU of the group, 1..BRAID_DEVCOLL_MAX_BLOCKS */
+    int max_sharing; /* ranks on this rank's GPU */
     char *region;   /* ours */
     char *peer[BRAID_DEVCOLL_MAX_RANKS];
     int opened[BRAID_DEVCOLL_MAX_RANKS]; /* peer[p] came from cudaIpcOpenMemHandle */
@@ -81,6 +83,8 @@ void braid__devcoll_prepare(braid_pg *pg)
     }
     if (err == cudaSuccess)
         err = cudaIpcGetMemHandle(&g->mine.handle, g->region);
+    if (err == cudaSuccess)
+        err = cudaDeviceGetPCIBusId(g->mine.bus, sizeof(g->mine.bus), g->device);
     if (err != cudaSuccess) {
         (void)cudaGetLastError();
         BRAID_INFO("rank %d: no device collectives: cannot make a %zu-byte region on device %d: %s", pg->rank,
@@ -135,6 +139,31 @@ static braid_status publish_ok(braid_pg *pg, braid_store *store, int ok, int *al
     return BRAID_OK;
 }
 
+/* Every rank: blocks = the smallest SM count over the most ranks on one
+ * GPU, at least 1. Only ranks that are all on, so all publish. */
+static braid_status agree_blocks(braid_pg *pg, braid_store *store, struct braid_devcoll_group *g)
+{
+    char key[64];
+    int32_t mine[2] = {g->max_blocks, g->max_sharing}, got[2];
+    size_t len;
+    snprintf(key, sizeof(key), "dcoll_blocks/%d", pg->rank);
+    BRAID_CHECK(braid__store_set(store, key, mine, sizeof(mine)));
+    int sms = g->max_blocks, share = 1;
+    for (int p = 0; p < pg->size; p++) {
+        snprintf(key, sizeof(key), "dcoll_blocks/%d", p);
+        BRAID_CHECK(braid__store_get(store, key, got, sizeof(got), &len, pg->timeout_ms));
+        if (len != sizeof(got) || got[0] < 1 || got[1] < 1 || got[1] > BRAID_DEVCOLL_MAX_RANKS)
+            return braid__error(BRAID_ERR_PEER, "rank %d: rank %d published a malformed device block count",
+                                pg->rank, p);
+        if (got[0] < sms)
+            sms = got[0];
+        if (got[1] > share)
+            share = got[1];
+    }
+    g->max_blocks = sms / share > 0 ? sms / share : 1;
+    return BRAID_OK;
+}
+
 braid_status braid__devcoll_exchange(braid_pg *pg, braid_store *store)
 {
     /* Every rank takes part, with or without a region: the answer is the
@@ -149,13 +178,15 @@ braid_status braid__devcoll_exchange(braid_pg *pg, braid_store *store)
     snprintf(key, sizeof(key), "dcoll/%d", pg->rank);
     BRAID_CHECK(braid__store_set(store, key, g ? &g->mine : &none, sizeof(none)));
     int ok = g != NULL;
-    int min_sms = BRAID_DEVCOLL_MAX_BLOCKS;
+    int min_sms = BRAID_DEVCOLL_MAX_BLOCKS, sharing = 0;
     for (int p = 0; p < pg->size; p++) {
         snprintf(key, sizeof(key), "dcoll/%d", p);
         BRAID_CHECK(braid__store_get(store, key, &r, sizeof(r), &len, pg->timeout_ms));
-        if (len != sizeof(r))
+        if (len != sizeof(r) || memchr(r.bus, '\0', sizeof(r.bus)) == NULL)
             return braid__error(BRAID_ERR_PEER, "rank %d: rank %d published a malformed device region record",
                                 pg->rank, p);
+        if (g && r.ok && strcmp(r.bus, g->mine.bus) == 0)
+            sharing++; /* this rank included */
         if (!ok || p == pg->rank)
             continue;
         if (!r.ok || pg->host_hash[p] != pg->host_hash[pg->rank])
@@ -169,14 +200,24 @@ braid_status braid__devcoll_exchange(braid_pg *pg, braid_store *store)
         g->peer[pg->rank] = g->region;
         if (g->mine.sm_count > 0 && g->mine.sm_count < min_sms)
             min_sms = g->mine.sm_count;
+        /* A block spins while it waits for its peers' same block, so every
+         * block of every rank on a GPU must fit on it at once: the ranks
+         * sharing a GPU split its SMs (the same answer on every rank,
+         * because it is taken over the whole group below). */
         g->max_blocks = min_sms;
+        g->max_sharing = sharing;
     }
     int all_ok = 0;
     BRAID_CHECK(publish_ok(pg, store, ok, &all_ok));
     if (g && all_ok)
+        BRAID_CHECK(agree_blocks(pg, store, g));
+    if (g && all_ok)
         g->ready = 1;
-    BRAID_INFO("rank %d: device collectives %s", pg->rank,
-               all_ok ? "on: every rank mapped every region" : "off: not every rank has a mapped region");
+    if (all_ok)
+        BRAID_INFO("rank %d: device collectives on: every rank mapped every region; %d blocks a call at most",
+                   pg->rank, g->max_blocks);
+    else
+        BRAID_INFO("rank %d: device collectives off: not every rank has a mapped region", pg->rank);
     return BRAID_OK;
 }
 

@@ -305,6 +305,25 @@ static int use_device_ring(const braid_coll *c, int both)
     return both && c->kind == BRAID_COLL_ALLREDUCE && bytes > BRAID_HMEM_PIECE_BYTES;
 }
 
+/* A group of one: the result is the input, so the call is one copy on the
+ * caller's stream (none in place). MULSUM still multiplies: not here. */
+static int one_rank_copy(const braid_pg *pg, const braid_coll *coll)
+{
+    return pg->size == 1 && !coll->refused && coll->op != BRAID_MULSUM &&
+           (coll->kind == BRAID_COLL_ALLREDUCE || coll->kind == BRAID_COLL_BROADCAST);
+}
+
+static braid_status one_rank_run(braid_pg *pg, const braid_coll *coll, void *stream, braid_work **work)
+{
+    BRAID_CHECK(braid__pg_check_usable(pg, braid__coll_name(coll->kind)));
+    if (coll->recv != coll->send)
+        BRAID_CHECK(braid__cuda_memcpy_async(coll->recv, coll->send, coll->count * braid_dtype_size(coll->dtype),
+                                             stream));
+    if (work)
+        return braid__work_completed(pg, work);
+    return braid__cuda_stream_sync(stream);
+}
+
 braid_status braid__hmem_submit(braid_pg *pg, const braid_coll *coll, void *cuda_stream, braid_work **work)
 {
     const char *op = braid__coll_name(coll->kind);
@@ -335,6 +354,8 @@ braid_status braid__hmem_submit(braid_pg *pg, const braid_coll *coll, void *cuda
                             "rank %d: %s: buffers are on device %d but the calling thread's current device is %d "
                             "(cudaSetDevice first)",
                             pg->rank, op, device, cur);
+    if (one_rank_copy(pg, coll))
+        return one_rank_run(pg, coll, cuda_stream, work);
     if (braid__devcoll_takes(pg, coll, device))
         return braid__devcoll_run(pg, coll, cuda_stream, work); /* graph capture included */
     cudaStream_t stream = (cudaStream_t)cuda_stream;

@@ -440,7 +440,7 @@ cudaError_t cudaDeviceGetAttribute(int *v, enum cudaDeviceAttr a, int d)
     const char *no_ipc = getenv("CUDA_FAKE_NO_IPC");
     *v = a == cudaDevAttrIpcEventSupport && no_ipc && no_ipc[0] == '1' ? 0 : 1;
     if (a == cudaDevAttrMultiProcessorCount)
-        *v = 3; /* device collectives then spread a large call over 3 blocks */
+        *v = 12; /* device collectives spread a large call over 12 / (ranks on the GPU) blocks */
     return cudaSuccess;
 }
 

@@ -47,6 +47,7 @@ static int devcoll_mode(void)
 #include "devlink.h"
 unsigned long cuda_fake_kernel_launches(void); /* tests/cuda_fake.c */
 unsigned long cuda_fake_devcoll_launches(void); /* tests/cuda_fake_devcoll.c */
+unsigned long cuda_fake_copies(void);           /* tests/cuda_fake.c */
 #endif
 
 static const braid_dtype all_dtypes[] = {BRAID_F32, BRAID_F64, BRAID_F16, BRAID_BF16,
@@ -218,14 +219,20 @@ static int pieces_body(braid_pg *pg, void *arg)
         return 1;
     size_t f32_piece = BRAID_HMEM_PIECE_BYTES / 4;
 #ifdef BRAID_CUDA_FAKE
-    unsigned long launches = cuda_fake_kernel_launches();
+    unsigned long launches = cuda_fake_kernel_launches(), copies = cuda_fake_copies();
 #endif
     if (check_allreduce(pg, BRAID_F32, BRAID_SUM, 5 * f32_piece + 13, 1, MODE_ASYNC, 101))
         return 1;
 #ifdef BRAID_CUDA_FAKE
     /* Above one piece the reduction runs in kernels (the device ring):
      * every rank reduces n - 1 chunks of each of its segments at least. */
-    if (devcoll_mode() && braid_pg_size(pg) > 1) {
+    if (braid_pg_size(pg) == 1) {
+        /* A group of one, in place: no kernel, no copy but the test's own
+         * two (inputs up, result down). */
+        if (cuda_fake_kernel_launches() != launches || cuda_fake_copies() - copies != 2)
+            HARNESS_FAIL("rank 0: 1-rank in-place allreduce: %lu kernels and %lu copies, want 0 and 2",
+                         cuda_fake_kernel_launches() - launches, cuda_fake_copies() - copies);
+    } else if (devcoll_mode()) {
         if (cuda_fake_devcoll_launches() == 0)
             HARNESS_FAIL("rank %d: BRAID_DEVCOLL=1 but the call did not run as a device collective",
                          braid_pg_rank(pg));
