@@ -240,14 +240,29 @@ static braid_devcoll_fault *fault_host(struct braid_devcoll_group *g)
     return (braid_devcoll_fault *)(g->flags_host + 4);
 }
 
+static void fault_words(braid_pg *pg, const char *op, char *text, size_t cap)
+{
+    braid_devcoll_fault *f = fault_host(pg->devcoll);
+    snprintf(text, cap, "rank %d: %s: the device collective %s waiting for rank %d (block %u)", pg->rank, op,
+             f->code == BRAID_DEVCOLL_TIMED_OUT ? "timed out" : "was aborted", (int)f->peer, f->block);
+}
+
+int braid__devcoll_fault(braid_pg *pg, char *text, size_t cap)
+{
+    if (!pg || !pg->devcoll || !pg->devcoll->flags_host || fault_host(pg->devcoll)->code == BRAID_DEVCOLL_OK)
+        return 0;
+    fault_words(pg, "a device call", text, cap);
+    return 1;
+}
+
 /* An earlier kernel gave up: the group is broken. */
 static braid_status fault_status(braid_pg *pg, const char *op)
 {
-    braid_devcoll_fault *f = fault_host(pg->devcoll);
-    int timed_out = f->code == BRAID_DEVCOLL_TIMED_OUT;
-    braid_status st = braid__error(timed_out ? BRAID_ERR_TIMEOUT : BRAID_ERR_PEER,
-                                   "rank %d: %s: the device collective %s waiting for rank %d (block %u)", pg->rank,
-                                   op, timed_out ? "timed out" : "was aborted", (int)f->peer, f->block);
+    char text[256];
+    fault_words(pg, op, text, sizeof(text));
+    braid_status st = braid__error(fault_host(pg->devcoll)->code == BRAID_DEVCOLL_TIMED_OUT ? BRAID_ERR_TIMEOUT
+                                                                                             : BRAID_ERR_PEER,
+                                   "%s", text);
     braid__pg_fail(pg, st);
     return st;
 }

@@ -36,6 +36,10 @@ int braid__devcoll_takes(braid_pg *pg, const braid_coll *coll, int device);
  * naming the peer. */
 braid_status braid__devcoll_run(braid_pg *pg, const braid_coll *coll, void *stream, braid_work **work);
 
+/* 1 when a device-collective kernel of the group gave up, with why in
+ * text (the same words a later call fails with); else 0. Any thread. */
+int braid__devcoll_fault(braid_pg *pg, char *text, size_t cap);
+
 /* Make every waiting kernel of the group give up (abort, peer failure):
  * one store to host memory, safe in a signal handler. */
 void braid__devcoll_abort(braid_pg *pg);

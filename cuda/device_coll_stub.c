@@ -30,6 +30,14 @@ braid_status braid__devcoll_run(braid_pg *pg, const braid_coll *coll, void *stre
     return braid__error(BRAID_ERR_INTERNAL, "rank %d: device collective without CUDA", pg->rank);
 }
 
+int braid__devcoll_fault(braid_pg *pg, char *text, size_t cap)
+{
+    (void)pg;
+    (void)text;
+    (void)cap;
+    return 0;
+}
+
 void braid__devcoll_abort(braid_pg *pg)
 {
     (void)pg;

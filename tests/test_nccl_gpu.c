@@ -28,8 +28,17 @@
 static int g_rank = -1;
 
 #ifdef BRAID_CUDA_FAKE
-unsigned long cuda_fake_copies(void); /* tests/cuda_fake.c */
+unsigned long cuda_fake_copies(void);           /* tests/cuda_fake.c */
+unsigned long cuda_fake_devcoll_launches(void); /* tests/cuda_fake_devcoll.c */
 #endif
+
+/* BRAID_DEVCOLL=1: all-reduce and broadcast outside groups run as
+ * device-collective kernels (cuda/device_coll_group.h). */
+static int devcoll_mode(void)
+{
+    const char *v = getenv("BRAID_DEVCOLL");
+    return v && strcmp(v, "1") == 0;
+}
 
 #define FAIL(...)                                                                                                      \
     do {                                                                                                               \
@@ -113,9 +122,16 @@ static int test_allreduce(ctx *c)
     /* Out of place, sum. */
     if (put(c, c->d0, COUNT, c->rank))
         return 1;
+#ifdef BRAID_CUDA_FAKE
+    unsigned long kernels = cuda_fake_devcoll_launches();
+#endif
     NC(ncclAllReduce(c->d0, c->d1, COUNT, ncclInt32, ncclSum, c->comm, c->s));
     if (fetch(c, c->d1, COUNT))
         return 1;
+#ifdef BRAID_CUDA_FAKE
+    if (devcoll_mode() && c->n > 1 && cuda_fake_devcoll_launches() == kernels)
+        FAIL("BRAID_DEVCOLL=1 but ncclAllReduce did not run as a device-collective kernel");
+#endif
     for (size_t i = 0; i < COUNT; i++)
         if (c->h[i] != sum_val(c->n, i))
             FAIL("device all-reduce element %zu is %d, want %d", i, c->h[i], sum_val(c->n, i));
@@ -472,6 +488,43 @@ static int fault_main(int rank, int n, ncclUniqueId id, int peer_exits)
     return 0;
 }
 
+/* BRAID_DEVCOLL=1: rank 1 exits between two all-reduces. Rank 0's second
+ * call returns at once; its kernel gives up within the timeout and
+ * ncclCommGetAsyncError reports it, naming rank 1. */
+static int devcoll_fault_main(int rank, int n, ncclUniqueId id)
+{
+    g_rank = rank;
+    setenv("BRAID_TIMEOUT_MS", "2000", 1);
+    CU(cudaSetDevice(0));
+    cudaStream_t s;
+    CU(cudaStreamCreate(&s));
+    int32_t *d;
+    CU(cudaMalloc((void **)&d, COUNT * 4));
+    ncclComm_t comm;
+    NC(ncclCommInitRank(&comm, n, id, rank));
+    NC(ncclAllReduce(d, d, COUNT, ncclInt32, ncclSum, comm, s));
+    CU(cudaStreamSynchronize(s));
+    if (rank != 0)
+        _exit(0);
+    double t0 = now();
+    NC(ncclAllReduce(d, d, COUNT, ncclInt32, ncclSum, comm, s));
+    if (now() - t0 > 1.0)
+        FAIL("a device all-reduce blocked the caller for %.1f s", now() - t0);
+    CU(cudaStreamSynchronize(s));
+    if (now() - t0 > 10.0)
+        FAIL("the kernel took %.1f s to give up against a 2 s timeout", now() - t0);
+    ncclResult_t async = ncclSuccess;
+    NC(ncclCommGetAsyncError(comm, &async));
+    if (async != ncclRemoteError)
+        FAIL("asynchronous error %d after the peer died, want ncclRemoteError", (int)async);
+    if (!strstr(ncclGetLastError(NULL), "rank 1"))
+        FAIL("asynchronous error text \"%s\" does not name rank 1", ncclGetLastError(NULL));
+    NC(ncclCommAbort(comm));
+    CU(cudaStreamDestroy(s));
+    CU(cudaFree(d));
+    return 0;
+}
+
 /* ncclCommInitAll: three ranks in one process, driven from one thread with
  * a group, each on its own stream and device buffers (one device worker
  * per communicator, running concurrently). */
@@ -671,7 +724,9 @@ static int run_job(int n, int fault)
     for (int r = 0; r < n; r++) {
         fflush(NULL);
         if ((pids[r] = fork()) == 0) {
-            int rc = fault < 0 ? rank_main(r, n, id) : fault_main(r, n, id, fault);
+            int rc = fault < 0    ? rank_main(r, n, id)
+                     : fault == 2 ? devcoll_fault_main(r, n, id)
+                                  : fault_main(r, n, id, fault);
             fflush(NULL);
             _exit(rc);
         }
@@ -686,7 +741,10 @@ static int run_job(int n, int fault)
         }
     }
     printf("%d ranks%s: %s\n", n,
-           fault < 0 ? "" : fault ? ", peer exits during a device receive" : ", abort during a device receive",
+           fault < 0    ? ""
+           : fault == 2 ? ", peer exits between device-collective kernels"
+           : fault      ? ", peer exits during a device receive"
+                        : ", abort during a device receive",
            failed ? "FAILED" : "ok");
     return failed;
 }
@@ -714,6 +772,8 @@ int main(void)
     failed |= run_job(3, -1);
     failed |= run_job(2, 1);
     failed |= run_job(2, 0);
+    if (devcoll_mode())
+        failed |= run_job(2, 2);
     failed |= run_child(init_all_main, "ncclCommInitAll(3) on device buffers from one thread", 120);
     failed |= run_child(threads_main, "2 ranks as threads of one process", 120);
     failed |= run_child(one_rank_main, "1 rank: copies on the caller's stream", 60);

@@ -454,6 +454,7 @@ NCCL_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async
         *asyncError = comm->init_result;
         return ncclSuccess;
     }
+    nccl__dev_poll_kernels(comm);
     ncclResult_t async = (ncclResult_t)atomic_load(&comm->async_error);
     if (async != ncclSuccess) {
         const char *text = nccl__dev_error(comm);

@@ -46,6 +46,7 @@
 #include <cuda_runtime_api.h>
 
 #include "braid_cuda.h"
+#include "device_coll_group.h"
 #include "nccl_internal.h"
 
 /* A batch on the worker's queue. */
@@ -359,6 +360,46 @@ static ncclResult_t one_rank_submit(ncclComm_t comm, const nccl_op *ops, int n, 
     return ncclSuccess;
 }
 
+/* The braid call an all-reduce or broadcast op is. */
+static braid_coll coll_of(const nccl_op *op)
+{
+    braid_coll c;
+    memset(&c, 0, sizeof(c));
+    c.kind = op->kind == NCCL_OP_ALLREDUCE ? BRAID_COLL_ALLREDUCE : BRAID_COLL_BROADCAST;
+    c.send = op->send;
+    c.recv = op->recv;
+    c.count = op->count;
+    c.dtype = op->dtype;
+    c.op = op->op;
+    c.root = op->root;
+    return c;
+}
+
+/* An all-reduce or broadcast outside a group, on the calling thread's
+ * device, in a group with device collectives on (BRAID_DEVCOLL=1,
+ * cuda/device_coll_group.h): one kernel on the caller's stream, no job. */
+static int direct_kernel(ncclComm_t comm, const nccl_op *ops, int n, int device)
+{
+    if (n != 1 || (ops[0].kind != NCCL_OP_ALLREDUCE && ops[0].kind != NCCL_OP_BROADCAST) || ops[0].pm.used)
+        return 0;
+    int cur = -1;
+    if (cudaGetDevice(&cur) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    braid_coll c = coll_of(&ops[0]);
+    return cur == device && braid__devcoll_takes(comm->pg, &c, device);
+}
+
+static ncclResult_t direct_submit(ncclComm_t comm, const nccl_op *op)
+{
+    braid_coll c = coll_of(op);
+    braid_work *w = NULL;
+    braid_status st = braid__devcoll_run(comm->pg, &c, op->stream, &w);
+    braid_work_free(w);
+    return st == BRAID_OK ? ncclSuccess : nccl__from_braid(st, op->call);
+}
+
 ncclResult_t nccl__dev_submit(ncclComm_t comm, const nccl_op *ops, int n)
 {
     const char *call = n == 1 ? ops[0].call : "ncclGroupEnd";
@@ -367,6 +408,8 @@ ncclResult_t nccl__dev_submit(ncclComm_t comm, const nccl_op *ops, int n)
         return nccl__fail(ncclInternalError, "%s: no device buffer in a device batch", call);
     if (one_rank_copies(comm, ops, n))
         return one_rank_submit(comm, ops, n, call);
+    if (direct_kernel(comm, ops, n, device))
+        return direct_submit(comm, &ops[0]);
     nccl_worker *w;
     ncclResult_t r = worker_get(comm, device, call, &w);
     if (r != ncclSuccess)
@@ -462,6 +505,20 @@ void nccl__dev_stop(ncclComm_t comm)
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
     free(w);
+}
+
+void nccl__dev_poll_kernels(ncclComm_t comm)
+{
+    char text[256];
+    if (!comm->pg || atomic_load(&comm->async_error) != ncclSuccess || !braid__devcoll_fault(comm->pg, text, sizeof(text)))
+        return;
+    pthread_mutex_lock(&comm->mu);
+    int first = atomic_load(&comm->async_error) == ncclSuccess;
+    if (first) {
+        snprintf(comm->async_text, sizeof(comm->async_text), "%s", text);
+        atomic_store(&comm->async_error, ncclRemoteError);
+    }
+    pthread_mutex_unlock(&comm->mu);
 }
 
 const char *nccl__dev_error(ncclComm_t comm)

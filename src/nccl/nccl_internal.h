@@ -242,6 +242,9 @@ ncclResult_t nccl__dev_submit(ncclComm_t comm, const nccl_op *ops, int n);
 /* Block until comm's worker has run everything enqueued so far (no-op
  * without a worker), so that a host call is issued after them. */
 void nccl__dev_drain(ncclComm_t comm);
+/* A device-collective kernel that gave up (BRAID_DEVCOLL=1) becomes the
+ * communicator's asynchronous error (ncclRemoteError), once. */
+void nccl__dev_poll_kernels(ncclComm_t comm);
 
 /* Stop comm's worker (after drain or abort) and free it. */
 void nccl__dev_stop(ncclComm_t comm);
