@@ -118,6 +118,7 @@ static void free_buckets(braid_bucketer *b)
         free(b->buckets[k].param_ids);
         free(b->buckets[k].offsets);
         free(b->buckets[k].flat);
+        braid__cuda_free(b->buckets[k].dflat);
     }
     free(b->buckets);
     b->buckets = NULL;
@@ -243,11 +244,14 @@ BRAID_API braid_status braid_bucketer_set_compression(braid_bucketer *b, braid_d
     return BRAID_OK;
 }
 
-/* Gradients may be CUDA device memory (braid__mem_is_device): the flat
- * buffers are host memory, so those are copied with cudaMemcpy on the
- * legacy default stream, which also orders the copy after the backward
- * kernels that produced the gradient on any blocking stream. Host
- * gradients keep plain memcpy. */
+/* Gradients may be CUDA device memory (braid__mem_is_device). An
+ * uncompressed bucket made mostly of device gradients stays on the device (bucket_flat): copies in and out are device-to-device
+ * on the legacy default stream, which orders them after the backward
+ * kernels that produced the gradients on any blocking stream, the
+ * all-reduce is a device call on that stream, and finish waits for the
+ * stream once per bucket. Otherwise the flat buffer is host memory and a
+ * device gradient is copied down with a wait. Host gradients keep plain
+ * memcpy. */
 static braid_status grad_copy(void *dst, const void *src, size_t bytes, int on_device)
 {
     if (!on_device) {
@@ -256,6 +260,32 @@ static braid_status grad_copy(void *dst, const void *src, size_t bytes, int on_d
     }
     BRAID_CHECK(braid__cuda_memcpy_async(dst, src, bytes, NULL));
     return braid__cuda_stream_sync(NULL);
+}
+
+/* The flat buffer bucket bk's copies use: device memory when device
+ * gradients make up at least half its bytes and it is not compressed,
+ * decided once (the gradients' addresses are fixed at braid_bucketer_add,
+ * so every rank of a DDP job decides alike). */
+static braid_status bucket_flat(braid_bucketer *b, bucket *bk, void **flat)
+{
+    if (!bk->placed) {
+        size_t dev_bytes = 0;
+        for (int i = 0; i < bk->nparams; i++) {
+            const param_slot *q = &b->params[bk->param_ids[i]];
+            if (q->count > 0 && braid__mem_is_device(q->grad))
+                dev_bytes += q->count * braid_dtype_size(q->dtype);
+        }
+        bk->on_device = bk->wire_dtype == bk->dtype && dev_bytes > 0 && 2 * dev_bytes >= bk->bytes;
+        bk->placed = 1;
+    }
+    if (bk->on_device && !bk->dflat) {
+        braid_status st = braid__cuda_malloc(&bk->dflat, bk->count * braid_dtype_size(bk->dtype));
+        if (st != BRAID_OK)
+            return braid__error(st, "rank %d: bucketer: cannot allocate a device bucket of %zu elements: %s",
+                                rank_of(b), bk->count, braid__error_detail());
+    }
+    *flat = bk->on_device ? bk->dflat : bk->flat;
+    return BRAID_OK;
 }
 
 /* A compressed bucket carries grad / world, divided in f32 and then
@@ -305,7 +335,8 @@ static braid_status launch(braid_bucketer *b, int k)
     if (bk->count == 0)
         return BRAID_OK; /* only empty params: nothing to exchange, on any rank */
     braid_op op = bk->wire_dtype != bk->dtype ? BRAID_SUM : BRAID_AVG;
-    braid_status st = braid_allreduce(b->pg, bk->flat, bk->flat, bk->count, bk->wire_dtype, op, NULL, &bk->work);
+    void *flat = bk->on_device ? bk->dflat : bk->flat;
+    braid_status st = braid_allreduce(b->pg, flat, flat, bk->count, bk->wire_dtype, op, NULL, &bk->work);
     if (st != BRAID_OK) {
         bk->work = NULL;
         bk->launched = 0; /* nothing to wait for or copy back */
@@ -340,11 +371,15 @@ BRAID_API braid_status braid_bucketer_ready(braid_bucketer *b, int param_id)
     /* Copy now, while the gradient is hot in cache; the caller's buffer is
      * not read again until finish() writes the average back. */
     if (p->count > 0) {
-        char *dst = (char *)bk->flat + p->offset * braid_dtype_size(bk->wire_dtype);
         int dev = braid__mem_is_device(p->grad);
-        braid_status st = bk->wire_dtype == p->dtype
-                              ? grad_copy(dst, p->grad, p->count * braid_dtype_size(p->dtype), dev)
-                              : cast_prescaled(b, bk->wire_dtype, dst, p->grad, p->count, dev);
+        void *flat = NULL;
+        braid_status st = bucket_flat(b, bk, &flat);
+        char *dst = st == BRAID_OK ? (char *)flat + p->offset * braid_dtype_size(bk->wire_dtype) : NULL;
+        if (st == BRAID_OK && bk->on_device) /* ordered on the legacy stream; no wait */
+            st = braid__cuda_memcpy_async(dst, p->grad, p->count * braid_dtype_size(p->dtype), NULL);
+        else if (st == BRAID_OK)
+            st = bk->wire_dtype == p->dtype ? grad_copy(dst, p->grad, p->count * braid_dtype_size(p->dtype), dev)
+                                            : cast_prescaled(b, bk->wire_dtype, dst, p->grad, p->count, dev);
         if (st != BRAID_OK) {
             char text[TEXT_MAX];
             snprintf(text, sizeof(text), "%s", braid__error_detail());
@@ -381,6 +416,21 @@ static braid_status drain_bucket(braid_bucketer *b, int k, char *text, size_t te
         }
     }
     size_t wsize = braid_dtype_size(bk->wire_dtype);
+    if (bk->on_device) {
+        /* device to wherever each gradient is, then one wait */
+        braid_status st = BRAID_OK;
+        for (int i = 0; i < bk->nparams && st == BRAID_OK; i++) {
+            param_slot *p = &b->params[bk->param_ids[i]];
+            st = braid__cuda_memcpy_async(p->grad, (const char *)bk->dflat + p->offset * wsize, p->count * wsize,
+                                          NULL);
+        }
+        if (st == BRAID_OK)
+            st = braid__cuda_stream_sync(NULL);
+        if (st != BRAID_OK)
+            snprintf(text, text_cap, "rank %d: bucketer step %llu: cannot copy the average of device bucket %d back: %s",
+                     rank_of(b), b->step, k, braid__error_detail());
+        return st;
+    }
     for (int i = 0; i < bk->nparams; i++) {
         param_slot *p = &b->params[bk->param_ids[i]];
         if (p->count == 0)

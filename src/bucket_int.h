@@ -29,6 +29,9 @@ typedef struct {
     int *param_ids;
     size_t *offsets;
     void *flat;  /* count elements of wire_dtype */
+    void *dflat; /* the same in device memory, made at the first step that needs it */
+    int placed;    /* on_device decided (at the first ready of the first step) */
+    int on_device; /* the gradients go through dflat: most of the bucket's bytes are device memory */
     int pending; /* params not yet marked in this step */
     int launched;
     braid_work *work; /* NULL when launched without communication */

@@ -662,10 +662,36 @@ cudaError_t cudaMemset(void *p, int v, size_t n)
     return cudaSuccess;
 }
 
+/* Bytes copied from device to host memory by either copy call
+ * (cuda_fake_d2h_bytes()). */
+static _Atomic unsigned long long d2h_bytes;
+
+unsigned long long cuda_fake_d2h_bytes(void)
+{
+    return d2h_bytes;
+}
+
+static int is_device_locked(const void *p)
+{
+    for (fake_alloc *f = allocs; f; f = f->next)
+        if ((const char *)p >= f->p && (const char *)p < f->p + f->n)
+            return 1;
+    return 0;
+}
+
+static void count_d2h(const void *d, const void *s, size_t n)
+{
+    pthread_mutex_lock(&G);
+    if (is_device_locked(s) && !is_device_locked(d))
+        d2h_bytes += n;
+    pthread_mutex_unlock(&G);
+}
+
 cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind k)
 {
     GUARD();
     (void)k;
+    count_d2h(d, s, n);
     legacy_sync();
     memcpy(d, s, n);
     return cudaSuccess;
@@ -676,6 +702,7 @@ cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKin
     GUARD();
     (void)k;
     async_copies++;
+    count_d2h(d, s, n);
     enqueue(st, (fake_op){.kind = OP_COPY, .dst = d, .src = s, .n = n});
     return cudaSuccess;
 }

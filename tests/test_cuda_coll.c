@@ -48,6 +48,7 @@ static int devcoll_mode(void)
 unsigned long cuda_fake_kernel_launches(void); /* tests/cuda_fake.c */
 unsigned long cuda_fake_devcoll_launches(void); /* tests/cuda_fake_devcoll.c */
 unsigned long cuda_fake_copies(void);           /* tests/cuda_fake.c */
+unsigned long long cuda_fake_d2h_bytes(void);   /* tests/cuda_fake.c */
 #endif
 
 static const braid_dtype all_dtypes[] = {BRAID_F32, BRAID_F64, BRAID_F16, BRAID_BF16,
@@ -518,11 +519,23 @@ static int bucketer_body(braid_pg *pg, void *arg)
             if (braid_bucketer_add(b, grad[k], counts[k], BRAID_F32, &id[k]) != BRAID_OK)
                 HARNESS_FAIL("rank %d: bucketer_add: %s", rank, braid_last_error());
         }
+#ifdef BRAID_CUDA_FAKE
+        unsigned long long down = cuda_fake_d2h_bytes();
+#endif
         for (int k = P - 1; k >= 0; k--)
             if (braid_bucketer_ready(b, id[k]) != BRAID_OK)
                 HARNESS_FAIL("rank %d: bucketer_ready(%d): %s", rank, k, braid_last_error());
         if (braid_bucketer_finish(b) != BRAID_OK)
             HARNESS_FAIL("rank %d: bucketer_finish: %s", rank, braid_last_error());
+#ifdef BRAID_CUDA_FAKE
+        /* Uncompressed buckets of device gradients stay on the device: with
+         * the device collectives no byte goes down to the host but the
+         * host gradient's share (param 1, in a bucket of its own or first
+         * in it). */
+        if (!compress && devcoll_mode() && cuda_fake_d2h_bytes() - down > counts[1] * sizeof(float))
+            HARNESS_FAIL("rank %d: bucketer on device gradients copied %llu bytes to the host", rank,
+                         cuda_fake_d2h_bytes() - down);
+#endif
         for (int k = 0; k < P; k++) {
             float *out = host[k];
             if (k != 1)
