@@ -110,6 +110,15 @@ BRAID_EW_FN int braid__ew_clz32(uint32_t x) /* x != 0 */
  * F16C's vcvtph2ps does, so the scalar and vector casts agree. */
 BRAID_EW_FN float braid__ew_f16_to_f32(uint16_t h)
 {
+#ifdef __CUDA_ARCH__
+    /* Widening a finite value is exact, so the GPU's own conversion gives
+     * the bits below in one instruction; inf and NaN keep the rule below. */
+    if ((h & 0x7c00u) != 0x7c00u) {
+        float out;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(out) : "h"(h));
+        return out;
+    }
+#endif
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     uint32_t exp = (h >> 10) & 0x1fu;
     uint32_t man = h & 0x3ffu;
@@ -138,6 +147,15 @@ BRAID_EW_FN uint16_t braid__ew_f32_to_f16(float f)
 
     if (ax > 0x7f800000u)
         return BRAID_EW_F16_NAN;
+#ifdef __CUDA_ARCH__
+    {
+        /* IEEE round to nearest even with gradual underflow and overflow to
+         * inf: the rule below, in one instruction, for everything but NaN. */
+        uint16_t out;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(out) : "f"(f));
+        return out;
+    }
+#endif
     if (ax >= 0x477ff000u) /* >= 65520 = halfway between 65504 and 2^16: ties go to even = inf */
         return (uint16_t)(sign | 0x7c00u);
     if (ax >= 0x38800000u) { /* result is a normal f16 (>= 2^-14) */
