@@ -1,9 +1,15 @@
 /* A group's kernel-driven device collectives (device_coll_group.h): the
  * regions, their exchange, and the calls. See device_coll.h for the
  * protocol the kernels run. */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cuda_runtime_api.h>
@@ -42,6 +48,14 @@ struct braid_devcoll_group {
     uint32_t *flags_host;                /* [0]: abort; then the fault record */
     void *flags_dev;
     region_record mine;
+    /* The watchdog: a thread that waits on a pidfd per peer process and
+     * sets the abort flag the moment one exits, so a dead peer ends the
+     * kernels at once instead of at their timeout. */
+    int pidfd[BRAID_DEVCOLL_MAX_RANKS]; /* -1: none (a thread of this process, or no pidfd) */
+    int stop_fd;
+    pthread_t watch;
+    int watching;
+    atomic_int dead_rank; /* -1 until the watchdog saw a peer exit */
 };
 
 static size_t region_bytes(void)
@@ -49,8 +63,25 @@ static size_t region_bytes(void)
     return braid__devcoll_region_bytes(BRAID_DEVCOLL_MAX_BLOCKS, SEG_BYTES);
 }
 
+static void watch_stop(struct braid_devcoll_group *g)
+{
+    if (g->watching) {
+        uint64_t one = 1;
+        ssize_t w = write(g->stop_fd, &one, sizeof(one));
+        (void)w;
+        pthread_join(g->watch, NULL);
+        g->watching = 0;
+    }
+    for (int p = 0; p < BRAID_DEVCOLL_MAX_RANKS; p++)
+        if (g->pidfd[p] >= 0)
+            close(g->pidfd[p]);
+    if (g->stop_fd >= 0)
+        close(g->stop_fd);
+}
+
 static void group_free(struct braid_devcoll_group *g)
 {
+    watch_stop(g);
     for (int p = 0; p < BRAID_DEVCOLL_MAX_RANKS; p++)
         if (g->opened[p] && cudaIpcCloseMemHandle(g->peer[p]) != cudaSuccess)
             (void)cudaGetLastError();
@@ -70,6 +101,10 @@ void braid__devcoll_prepare(braid_pg *pg)
     struct braid_devcoll_group *g = calloc(1, sizeof(*g));
     if (!g)
         return;
+    for (int p = 0; p < BRAID_DEVCOLL_MAX_RANKS; p++)
+        g->pidfd[p] = -1;
+    g->stop_fd = -1;
+    atomic_init(&g->dead_rank, -1);
     cudaError_t err = cudaGetDevice(&g->device);
     if (err == cudaSuccess)
         err = cudaMalloc((void **)&g->region, region_bytes());
@@ -118,6 +153,66 @@ static int map_peer(braid_pg *pg, struct braid_devcoll_group *g, int p, const re
     g->peer[p] = ptr;
     g->opened[p] = 1;
     return 1;
+}
+
+/* One lock-free store to host memory the kernels poll: safe in a signal
+ * handler, and from several threads at once. */
+static void raise_abort(struct braid_devcoll_group *g)
+{
+    __atomic_store_n(g->flags_host, 1u, __ATOMIC_RELEASE);
+}
+
+static void *watch_main(void *arg)
+{
+    struct braid_devcoll_group *g = arg;
+    struct pollfd fds[BRAID_DEVCOLL_MAX_RANKS + 1];
+    int rank_of[BRAID_DEVCOLL_MAX_RANKS + 1], n = 0;
+    fds[n] = (struct pollfd){.fd = g->stop_fd, .events = POLLIN};
+    rank_of[n++] = -1;
+    for (int p = 0; p < BRAID_DEVCOLL_MAX_RANKS; p++)
+        if (g->pidfd[p] >= 0) {
+            fds[n] = (struct pollfd){.fd = g->pidfd[p], .events = POLLIN};
+            rank_of[n++] = p;
+        }
+    for (;;) {
+        if (poll(fds, (nfds_t)n, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            return NULL;
+        }
+        if (fds[0].revents)
+            return NULL; /* the group is going away */
+        for (int i = 1; i < n; i++)
+            if (fds[i].revents) {
+                atomic_store(&g->dead_rank, rank_of[i]);
+                raise_abort(g); /* every waiting block gives up */
+                return NULL;
+            }
+    }
+}
+
+/* Watch every peer process other than this one; without pidfds (kernels
+ * before 5.3) the kernels' own timeout is the only bound. */
+static void watch_start(braid_pg *pg, struct braid_devcoll_group *g, const int32_t *pids)
+{
+    int any = 0;
+    for (int p = 0; p < pg->size; p++) {
+        if (p == pg->rank || pids[p] == g->mine.pid)
+            continue;
+        g->pidfd[p] = (int)syscall(SYS_pidfd_open, (pid_t)pids[p], 0);
+        if (g->pidfd[p] < 0 && errno == ESRCH) { /* gone already */
+            atomic_store(&g->dead_rank, p);
+            raise_abort(g);
+        }
+        any |= g->pidfd[p] >= 0;
+    }
+    if (!any)
+        return;
+    g->stop_fd = eventfd(0, EFD_CLOEXEC);
+    if (g->stop_fd >= 0 && pthread_create(&g->watch, NULL, watch_main, g) == 0)
+        g->watching = 1;
+    else
+        BRAID_INFO("rank %d: device collectives: no watchdog on the peer processes: %s", pg->rank, strerror(errno));
 }
 
 static braid_status publish_ok(braid_pg *pg, braid_store *store, int ok, int *all_ok)
@@ -179,6 +274,7 @@ braid_status braid__devcoll_exchange(braid_pg *pg, braid_store *store)
     BRAID_CHECK(braid__store_set(store, key, g ? &g->mine : &none, sizeof(none)));
     int ok = g != NULL;
     int min_sms = BRAID_DEVCOLL_MAX_BLOCKS, sharing = 0;
+    int32_t pids[BRAID_DEVCOLL_MAX_RANKS] = {0};
     for (int p = 0; p < pg->size; p++) {
         snprintf(key, sizeof(key), "dcoll/%d", p);
         BRAID_CHECK(braid__store_get(store, key, &r, sizeof(r), &len, pg->timeout_ms));
@@ -187,6 +283,7 @@ braid_status braid__devcoll_exchange(braid_pg *pg, braid_store *store)
                                 pg->rank, p);
         if (g && r.ok && strcmp(r.bus, g->mine.bus) == 0)
             sharing++; /* this rank included */
+        pids[p] = r.pid;
         if (!ok || p == pg->rank)
             continue;
         if (!r.ok || pg->host_hash[p] != pg->host_hash[pg->rank])
@@ -209,8 +306,10 @@ braid_status braid__devcoll_exchange(braid_pg *pg, braid_store *store)
     }
     int all_ok = 0;
     BRAID_CHECK(publish_ok(pg, store, ok, &all_ok));
-    if (g && all_ok)
+    if (g && all_ok) {
         BRAID_CHECK(agree_blocks(pg, store, g));
+        watch_start(pg, g, pids);
+    }
     if (g && all_ok)
         g->ready = 1;
     if (all_ok)
@@ -225,7 +324,7 @@ void braid__devcoll_abort(braid_pg *pg)
 {
     struct braid_devcoll_group *g = pg->devcoll;
     if (g && g->flags_host)
-        *(volatile uint32_t *)g->flags_host = 1; /* plain store: safe in a signal handler */
+        raise_abort(g);
 }
 
 void braid__devcoll_release(braid_pg *pg)
@@ -240,16 +339,28 @@ static braid_devcoll_fault *fault_host(struct braid_devcoll_group *g)
     return (braid_devcoll_fault *)(g->flags_host + 4);
 }
 
+/* A kernel gave up, or a peer process exited: the group is broken. */
+static int group_faulted(struct braid_devcoll_group *g)
+{
+    return fault_host(g)->code != BRAID_DEVCOLL_OK || atomic_load(&g->dead_rank) >= 0;
+}
+
 static void fault_words(braid_pg *pg, const char *op, char *text, size_t cap)
 {
     braid_devcoll_fault *f = fault_host(pg->devcoll);
+    int dead = atomic_load(&pg->devcoll->dead_rank);
+    if (dead >= 0 && f->code != BRAID_DEVCOLL_TIMED_OUT) {
+        snprintf(text, cap, "rank %d: %s: the device collective was aborted: rank %d's process exited", pg->rank,
+                 op, dead);
+        return;
+    }
     snprintf(text, cap, "rank %d: %s: the device collective %s waiting for rank %d (block %u)", pg->rank, op,
              f->code == BRAID_DEVCOLL_TIMED_OUT ? "timed out" : "was aborted", (int)f->peer, f->block);
 }
 
 int braid__devcoll_fault(braid_pg *pg, char *text, size_t cap)
 {
-    if (!pg || !pg->devcoll || !pg->devcoll->flags_host || fault_host(pg->devcoll)->code == BRAID_DEVCOLL_OK)
+    if (!pg || !pg->devcoll || !pg->devcoll->flags_host || !group_faulted(pg->devcoll))
         return 0;
     fault_words(pg, "a device call", text, cap);
     return 1;
@@ -279,7 +390,7 @@ braid_status braid__devcoll_run(braid_pg *pg, const braid_coll *coll, void *stre
 {
     struct braid_devcoll_group *g = pg->devcoll;
     const char *op = braid__coll_name(coll->kind);
-    if (fault_host(g)->code != BRAID_DEVCOLL_OK)
+    if (group_faulted(g))
         return fault_status(pg, op);
     BRAID_CHECK(braid__pg_check_usable(pg, op));
 
@@ -315,7 +426,7 @@ braid_status braid__devcoll_run(braid_pg *pg, const braid_coll *coll, void *stre
     if (work)
         return braid__work_completed(pg, work); /* ordered on the stream, as NCCL's calls are */
     BRAID_CHECK(braid__cuda_stream_sync(stream));
-    if (fault_host(g)->code != BRAID_DEVCOLL_OK)
+    if (group_faulted(g))
         return fault_status(pg, op);
     return BRAID_OK;
 }

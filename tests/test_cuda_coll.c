@@ -681,19 +681,25 @@ static int threads_body(braid_pg *pg, void *arg)
     return failed;
 }
 
-/* A rank dies between device collectives: the others' next kernel gives up
- * within the group's timeout and the call names the dead rank. */
-enum { DEAD_TIMEOUT_MS = 3000 };
-static int devcoll_dead_body(braid_pg *pg, void *arg)
+/* Rank 2 leaves the device collectives: it exits (dead), or stays alive
+ * and never calls again (idle). The others' next call fails and names it:
+ * at once when it died (a watchdog waits on each peer process, and sets
+ * the kernels' abort flag), within the group's timeout when it idles. */
+enum { DEAD_TIMEOUT_MS = 60000, IDLE_TIMEOUT_MS = 3000 };
+static int devcoll_leaver_body(braid_pg *pg, void *arg)
 {
-    (void)arg;
+    int dies = *(const int *)arg;
     int rank = braid_pg_rank(pg);
     if (pick_device(rank))
         return 1;
     if (check_allreduce(pg, BRAID_F32, BRAID_SUM, 4099, 0, MODE_BLOCKING, 7))
         return 1;
-    if (rank == 2)
+    if (rank == 2 && dies)
         _exit(0);
+    if (rank == 2) {
+        sleep(3 * IDLE_TIMEOUT_MS / 1000 + 2);
+        return 0;
+    }
     void *d;
     cudaStream_t s;
     CU(cudaMalloc(&d, 4096 * 4));
@@ -703,13 +709,18 @@ static int devcoll_dead_body(braid_pg *pg, void *arg)
     braid_status st = braid_allreduce(pg, d, d, 4096, BRAID_F32, BRAID_SUM, s, NULL);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
-    if (st != BRAID_ERR_TIMEOUT && st != BRAID_ERR_PEER)
-        HARNESS_FAIL("rank %d: allreduce with rank 2 dead: %s, want a timeout or peer error", rank,
-                     braid_status_string(st));
-    if (!strstr(braid_last_error(), "rank 2"))
-        HARNESS_FAIL("rank %d: the error does not name rank 2: %s", rank, braid_last_error());
-    if (secs > 3.0 * DEAD_TIMEOUT_MS / 1000)
-        HARNESS_FAIL("rank %d: took %.1f s to fail against a %d ms timeout", rank, secs, DEAD_TIMEOUT_MS);
+    braid_status want = dies ? BRAID_ERR_PEER : BRAID_ERR_TIMEOUT;
+    if (st != want)
+        HARNESS_FAIL("rank %d: allreduce with rank 2 %s: %s, want %s", rank, dies ? "dead" : "idle",
+                     braid_status_string(st), braid_status_string(want));
+    if (!strstr(braid_last_error(), dies ? "rank 2's process exited" : "waiting for rank 2"))
+        HARNESS_FAIL("rank %d: the error does not name rank 2 %s: %s", rank, dies ? "as exited" : "",
+                     braid_last_error());
+    double limit = dies ? 5.0 : 3.0 * IDLE_TIMEOUT_MS / 1000;
+    if (secs > limit)
+        HARNESS_FAIL("rank %d: took %.1f s to fail (limit %.0f s)", rank, secs, limit);
+    if (!dies)
+        sleep(2); /* the other survivor times out too before this process exits (and would be seen to) */
     /* The group is broken; the stream is not held. */
     if (braid_allreduce(pg, d, d, 16, BRAID_F32, BRAID_SUM, s, NULL) == BRAID_OK)
         HARNESS_FAIL("rank %d: a call on the broken group succeeded", rank);
@@ -719,14 +730,18 @@ static int devcoll_dead_body(braid_pg *pg, void *arg)
     return 0;
 }
 
-START_TEST(devcoll_dead_3)
+static void run_leaver(int dies)
 {
     braid_config cfg = BRAID_CONFIG_INIT;
-    cfg.timeout_ms = DEAD_TIMEOUT_MS;
+    cfg.timeout_ms = dies ? DEAD_TIMEOUT_MS : IDLE_TIMEOUT_MS;
     harness_result r;
-    int failed = harness_run(3, devcoll_dead_body, NULL, &cfg, 120, &r);
+    int failed = harness_run(3, devcoll_leaver_body, &dies, &cfg, 120, &r);
     ck_assert_msg(failed == 0, "%d of 3 ranks failed", failed);
 }
+
+START_TEST(devcoll_dead_3) { run_leaver(1); }
+END_TEST
+START_TEST(devcoll_idle_3) { run_leaver(0); }
 END_TEST
 
 static void run_ranks(int n, harness_rank_fn fn, int timeout_s)
@@ -834,6 +849,10 @@ int main(void)
         TCase *tc = tcase_create("devcoll_dead_3");
         tcase_set_timeout(tc, 600);
         tcase_add_test(tc, devcoll_dead_3);
+        suite_add_tcase(s, tc);
+        tc = tcase_create("devcoll_idle_3");
+        tcase_set_timeout(tc, 600);
+        tcase_add_test(tc, devcoll_idle_3);
         suite_add_tcase(s, tc);
     }
     SRunner *sr = srunner_create(s);
