@@ -40,8 +40,7 @@ typedef struct {
 struct braid_devcoll_group {
     int device;
     int ready;      /* every rank mapped every region */
-    int max_blocks;  /* SMs per rank on the most shared GPU of the group, 1..BRAID_DEVCOLL_MAX_BLOCKS */
-    int max_sharing; /* ranks on this rank's GPU */
+    int max_blocks; /* blocks a call may use (group_blocks) */
     char *region;   /* ours */
     char *peer[BRAID_DEVCOLL_MAX_RANKS];
     int opened[BRAID_DEVCOLL_MAX_RANKS]; /* peer[p] came from cudaIpcOpenMemHandle */
@@ -92,9 +91,15 @@ static void group_free(struct braid_devcoll_group *g)
     free(g);
 }
 
+/* Groups that may run device collectives: asked alike by every rank. */
+static int wanted(const braid_pg *pg)
+{
+    return pg->size >= 2 && pg->size <= BRAID_DEVCOLL_MAX_RANKS && braid__param_bool("BRAID_DEVCOLL", 0);
+}
+
 void braid__devcoll_prepare(braid_pg *pg)
 {
-    if (pg->size < 2 || pg->size > BRAID_DEVCOLL_MAX_RANKS || !braid__param_bool("BRAID_DEVCOLL", 0))
+    if (!wanted(pg))
         return;
     if (!braid__cuda_context_seen() || !braid__cuda_available())
         return;
@@ -193,13 +198,13 @@ static void *watch_main(void *arg)
 
 /* Watch every peer process other than this one; without pidfds (kernels
  * before 5.3) the kernels' own timeout is the only bound. */
-static void watch_start(braid_pg *pg, struct braid_devcoll_group *g, const int32_t *pids)
+static void watch_start(braid_pg *pg, struct braid_devcoll_group *g, const region_record *recs)
 {
     int any = 0;
     for (int p = 0; p < pg->size; p++) {
-        if (p == pg->rank || pids[p] == g->mine.pid)
+        if (p == pg->rank || recs[p].pid == g->mine.pid)
             continue;
-        g->pidfd[p] = (int)syscall(SYS_pidfd_open, (pid_t)pids[p], 0);
+        g->pidfd[p] = (int)syscall(SYS_pidfd_open, (pid_t)recs[p].pid, 0);
         if (g->pidfd[p] < 0 && errno == ESRCH) { /* gone already */
             atomic_store(&g->dead_rank, p);
             raise_abort(g);
@@ -234,84 +239,64 @@ static braid_status publish_ok(braid_pg *pg, braid_store *store, int ok, int *al
     return BRAID_OK;
 }
 
-/* Every rank: blocks = the smallest SM count over the most ranks on one
- * GPU, at least 1. Only ranks that are all on, so all publish. */
-static braid_status agree_blocks(braid_pg *pg, braid_store *store, struct braid_devcoll_group *g)
+/* Blocks a call may use: the smallest SM count of the group divided by
+ * the most ranks on one GPU, at least 1. A block spins while it waits for
+ * its peers' same block, so every block of every rank on a GPU must fit
+ * on it at once. Every rank computes it from the same records, so all
+ * agree. */
+static int group_blocks(const region_record *recs, int n)
 {
-    char key[64];
-    int32_t mine[2] = {g->max_blocks, g->max_sharing}, got[2];
-    size_t len;
-    snprintf(key, sizeof(key), "dcoll_blocks/%d", pg->rank);
-    BRAID_CHECK(braid__store_set(store, key, mine, sizeof(mine)));
-    int sms = g->max_blocks, share = 1;
-    for (int p = 0; p < pg->size; p++) {
-        snprintf(key, sizeof(key), "dcoll_blocks/%d", p);
-        BRAID_CHECK(braid__store_get(store, key, got, sizeof(got), &len, pg->timeout_ms));
-        if (len != sizeof(got) || got[0] < 1 || got[1] < 1 || got[1] > BRAID_DEVCOLL_MAX_RANKS)
-            return braid__error(BRAID_ERR_PEER, "rank %d: rank %d published a malformed device block count",
-                                pg->rank, p);
-        if (got[0] < sms)
-            sms = got[0];
-        if (got[1] > share)
-            share = got[1];
+    int sms = BRAID_DEVCOLL_MAX_BLOCKS, share = 1;
+    for (int p = 0; p < n; p++) {
+        if (recs[p].sm_count > 0 && recs[p].sm_count < sms)
+            sms = recs[p].sm_count;
+        int same = 0;
+        for (int q = 0; q < n; q++)
+            same += strcmp(recs[p].bus, recs[q].bus) == 0;
+        if (same > share)
+            share = same;
     }
-    g->max_blocks = sms / share > 0 ? sms / share : 1;
-    return BRAID_OK;
+    return sms / share > 0 ? sms / share : 1;
 }
 
 braid_status braid__devcoll_exchange(braid_pg *pg, braid_store *store)
 {
     /* Every rank takes part, with or without a region: the answer is the
      * group's, all or nothing. */
-    if (pg->size < 2 || pg->size > BRAID_DEVCOLL_MAX_RANKS || !braid__param_bool("BRAID_DEVCOLL", 0))
+    if (!wanted(pg))
         return BRAID_OK;
     struct braid_devcoll_group *g = pg->devcoll;
-    region_record none, r;
+    region_record none;
     memset(&none, 0, sizeof(none));
     char key[64];
     size_t len;
     snprintf(key, sizeof(key), "dcoll/%d", pg->rank);
     BRAID_CHECK(braid__store_set(store, key, g ? &g->mine : &none, sizeof(none)));
     int ok = g != NULL;
-    int min_sms = BRAID_DEVCOLL_MAX_BLOCKS, sharing = 0;
-    int32_t pids[BRAID_DEVCOLL_MAX_RANKS] = {0};
+    region_record recs[BRAID_DEVCOLL_MAX_RANKS];
     for (int p = 0; p < pg->size; p++) {
+        region_record *r = &recs[p];
         snprintf(key, sizeof(key), "dcoll/%d", p);
-        BRAID_CHECK(braid__store_get(store, key, &r, sizeof(r), &len, pg->timeout_ms));
-        if (len != sizeof(r) || memchr(r.bus, '\0', sizeof(r.bus)) == NULL)
+        BRAID_CHECK(braid__store_get(store, key, r, sizeof(*r), &len, pg->timeout_ms));
+        if (len != sizeof(*r) || memchr(r->bus, '\0', sizeof(r->bus)) == NULL)
             return braid__error(BRAID_ERR_PEER, "rank %d: rank %d published a malformed device region record",
                                 pg->rank, p);
-        if (g && r.ok && strcmp(r.bus, g->mine.bus) == 0)
-            sharing++; /* this rank included */
-        pids[p] = r.pid;
         if (!ok || p == pg->rank)
             continue;
-        if (!r.ok || pg->host_hash[p] != pg->host_hash[pg->rank])
+        if (!r->ok || pg->host_hash[p] != pg->host_hash[pg->rank])
             ok = 0; /* a rank without a region, or on another host */
         else
-            ok = map_peer(pg, g, p, &r);
-        if (r.sm_count > 0 && r.sm_count < min_sms)
-            min_sms = r.sm_count;
+            ok = map_peer(pg, g, p, r);
     }
-    if (g) {
+    if (g)
         g->peer[pg->rank] = g->region;
-        if (g->mine.sm_count > 0 && g->mine.sm_count < min_sms)
-            min_sms = g->mine.sm_count;
-        /* A block spins while it waits for its peers' same block, so every
-         * block of every rank on a GPU must fit on it at once: the ranks
-         * sharing a GPU split its SMs (the same answer on every rank,
-         * because it is taken over the whole group below). */
-        g->max_blocks = min_sms;
-        g->max_sharing = sharing;
-    }
     int all_ok = 0;
     BRAID_CHECK(publish_ok(pg, store, ok, &all_ok));
     if (g && all_ok) {
-        BRAID_CHECK(agree_blocks(pg, store, g));
-        watch_start(pg, g, pids);
-    }
-    if (g && all_ok)
+        g->max_blocks = group_blocks(recs, pg->size);
+        watch_start(pg, g, recs);
         g->ready = 1;
+    }
     if (all_ok)
         BRAID_INFO("rank %d: device collectives on: every rank mapped every region; %d blocks a call at most",
                    pg->rank, g->max_blocks);

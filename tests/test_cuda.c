@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "braid_cuda.h"
+#include "dtype_compare.h"
 #include "reduce/reduce.h"
 
 static const char *const dtype_names[] = {"f32", "f64", "f16", "bf16", "i8", "u8", "i32", "i64"};
@@ -65,37 +66,19 @@ static void fill(braid_dtype t, void *buf, size_t n)
     }
 }
 
-static int is_nan(braid_dtype t, const void *p)
-{
-    if (t == BRAID_F32) {
-        float f;
-        memcpy(&f, p, 4);
-        return isnan(f);
-    }
-    if (t == BRAID_F64) {
-        double d;
-        memcpy(&d, p, 8);
-        return isnan(d);
-    }
-    return 0;
-}
-
 /* Equal bits, or both NaN where the definition leaves the payload open
- * (f32/f64 arithmetic). */
+ * (dtype_compare.h). */
 static void compare(braid_dtype t, braid_op op, const void *got, const void *want, size_t n, const char *what)
 {
+    long i = dtype_first_difference(t, op, got, want, n);
+    if (i < 0)
+        return;
     size_t es = dsize(t);
-    int nan_free = (t == BRAID_F32 || t == BRAID_F64) && op != BRAID_MIN && op != BRAID_MAX;
-    for (size_t i = 0; i < n; i++) {
-        const unsigned char *g = (const unsigned char *)got + i * es, *w = (const unsigned char *)want + i * es;
-        if (memcmp(g, w, es) == 0 || (nan_free && is_nan(t, g) && is_nan(t, w)))
-            continue;
-        uint64_t gv = 0, wv = 0;
-        memcpy(&gv, g, es);
-        memcpy(&wv, w, es);
-        ck_abort_msg("%s: %s %s elem %zu of %zu: gpu 0x%" PRIx64 " cpu 0x%" PRIx64, what, dtype_names[t],
-                     op_names[op], i, n, gv, wv);
-    }
+    uint64_t gv = 0, wv = 0;
+    memcpy(&gv, (const unsigned char *)got + (size_t)i * es, es);
+    memcpy(&wv, (const unsigned char *)want + (size_t)i * es, es);
+    ck_abort_msg("%s: %s %s elem %ld of %zu: gpu 0x%" PRIx64 " cpu 0x%" PRIx64, what, dtype_names[t], op_names[op],
+                 i, n, gv, wv);
 }
 
 /* CPU reference of the kernels' rule. srcs are host copies of src_t. */

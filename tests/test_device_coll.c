@@ -13,7 +13,6 @@
  * every peer's kernel within its timeout, or at once on abort, naming it. */
 #include <check.h>
 #include <inttypes.h>
-#include <math.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -25,17 +24,12 @@
 #include <unistd.h>
 
 #include "device_coll.h"
+#include "dtype_compare.h"
 #include "reduce/reduce.h"
 
 static const char *const dtype_names[] = {"f32", "f64", "f16", "bf16", "i8", "u8", "i32", "i64", "u32", "u64"};
 static const char *const op_names[] = {"sum", "prod", "min", "max", "avg", "mulsum"};
 static const char *const algo_names[] = {"one-shot", "two-shot", "broadcast"};
-
-static size_t dsize(braid_dtype t)
-{
-    static const size_t sizes[BRAID_DTYPE_COUNT] = {4, 8, 2, 2, 1, 1, 4, 8, 4, 8};
-    return sizes[t];
-}
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static uint64_t rnd(void)
@@ -60,7 +54,7 @@ static void fill(braid_dtype t, void *buf, size_t n)
             default: v %= 64; break;
             }
         }
-        memcpy((char *)buf + i * dsize(t), &v, dsize(t));
+        memcpy((char *)buf + i * braid_dtype_size(t), &v, braid_dtype_size(t));
     }
 }
 
@@ -70,8 +64,8 @@ static void reference(braid_dtype t, braid_op op, void *out, void *const *in, co
                       size_t count)
 {
     braid_dtype ct = (t == BRAID_F16 || t == BRAID_BF16) ? BRAID_F32 : t;
-    size_t cs = dsize(ct);
-    unsigned char *acc = malloc(count * cs + 1), *tmp = malloc(count * cs + 1), *pre = malloc(count * dsize(t) + 1);
+    size_t cs = braid_dtype_size(ct);
+    unsigned char *acc = malloc(count * cs + 1), *tmp = malloc(count * cs + 1), *pre = malloc(count * braid_dtype_size(t) + 1);
     ck_assert(acc && tmp && pre);
     for (int k = 0; k < n; k++) {
         const void *src = in[k];
@@ -91,35 +85,6 @@ static void reference(braid_dtype t, braid_op op, void *out, void *const *in, co
     free(acc);
     free(tmp);
     free(pre);
-}
-
-static int is_nan_bits(braid_dtype t, const void *p)
-{
-    if (t == BRAID_F32) {
-        float f;
-        memcpy(&f, p, 4);
-        return isnan(f);
-    }
-    if (t == BRAID_F64) {
-        double d;
-        memcpy(&d, p, 8);
-        return isnan(d);
-    }
-    return 0;
-}
-
-/* Index of the first element that differs (NaN payloads of f32/f64
- * arithmetic aside, which the definition leaves open), or -1. */
-static long first_difference(braid_dtype t, braid_op op, const void *got, const void *want, size_t n)
-{
-    size_t es = dsize(t);
-    int nan_free = (t == BRAID_F32 || t == BRAID_F64) && op != BRAID_MIN && op != BRAID_MAX;
-    for (size_t i = 0; i < n; i++) {
-        const char *g = (const char *)got + i * es, *w = (const char *)want + i * es;
-        if (memcmp(g, w, es) != 0 && !(nan_free && is_nan_bits(t, g) && is_nan_bits(t, w)))
-            return (long)i;
-    }
-    return -1;
 }
 
 /* ---- a group of forked ranks over one shared mapping --------------------- */
@@ -182,9 +147,9 @@ static braid_devcoll_args args_for(const group *g, int rank, braid_devcoll_algo 
     a.rank = rank;
     a.nranks = g->nranks;
     a.root = root;
-    a.nblocks = braid__devcoll_blocks_for(count * dsize(t), g->max_blocks);
-    a.send = g->buf[rank] + misalign * dsize(t);
-    a.recv = in_place ? (void *)a.send : g->out[rank] + 2 * misalign * dsize(t);
+    a.nblocks = braid__devcoll_blocks_for(count * braid_dtype_size(t), g->max_blocks);
+    a.send = g->buf[rank] + misalign * braid_dtype_size(t);
+    a.recv = in_place ? (void *)a.send : g->out[rank] + 2 * misalign * braid_dtype_size(t);
     a.count = count;
     for (int p = 0; p < g->nranks; p++) {
         a.signal[p] = (braid_devcoll_signal *)g->region[p];
@@ -201,7 +166,7 @@ static braid_devcoll_args args_for(const group *g, int rank, braid_devcoll_algo 
  * pristine input; exits 0 when every result equals want. */
 static void rank_main(const group *g, int rank, const braid_devcoll_args *a, const void *want, int calls)
 {
-    size_t bytes = a->count * dsize(a->dtype);
+    size_t bytes = a->count * braid_dtype_size(a->dtype);
     for (int c = 0; c < calls; c++) {
         memcpy((void *)a->send, g->input[rank], bytes);
         if (a->recv != a->send)
@@ -216,11 +181,11 @@ static void rank_main(const group *g, int rank, const braid_devcoll_args *a, con
                     g->fault[rank].peer);
             _exit(3);
         }
-        long d = first_difference(a->dtype, a->op, a->recv, want, a->count);
+        long d = dtype_first_difference(a->dtype, a->op, a->recv, want, a->count);
         if (d >= 0) {
             uint64_t gv = 0, wv = 0;
-            memcpy(&gv, (const char *)a->recv + d * dsize(a->dtype), dsize(a->dtype));
-            memcpy(&wv, (const char *)want + d * dsize(a->dtype), dsize(a->dtype));
+            memcpy(&gv, (const char *)a->recv + d * braid_dtype_size(a->dtype), braid_dtype_size(a->dtype));
+            memcpy(&wv, (const char *)want + d * braid_dtype_size(a->dtype), braid_dtype_size(a->dtype));
             fprintf(stderr, "rank %d call %d: element %ld of %zu: got 0x%" PRIx64 " want 0x%" PRIx64 "\n", rank, c,
                     d, a->count, gv, wv);
             _exit(1);
@@ -262,7 +227,7 @@ static int reap(const pid_t *pids, int n, int deadline_s, int *status_out)
 static void run_case(braid_devcoll_algo algo, braid_dtype t, braid_op op, int nranks, size_t count, int in_place,
                      size_t misalign, size_t seg_bytes, int max_blocks, int calls)
 {
-    size_t es = dsize(t), bytes = count * es;
+    size_t es = braid_dtype_size(t), bytes = count * es;
     group g;
     group_make(&g, nranks, max_blocks, seg_bytes, bytes + 2 * misalign * es);
     uint64_t scalars[MAXR] = {0};

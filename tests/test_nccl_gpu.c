@@ -440,16 +440,25 @@ static double now(void)
  * the stream is still released and ncclCommGetAsyncError reports it;
  * (2) the peer stays, and ncclCommAbort ends the operation promptly and
  * releases the stream. */
-static int fault_main(int rank, int n, ncclUniqueId id, int peer_exits)
+/* A fault case's rank: device 0, a stream, a device buffer of COUNT
+ * int32, the communicator. */
+static int fault_setup(int rank, int n, ncclUniqueId id, cudaStream_t *s, int32_t **d, ncclComm_t *comm)
 {
     g_rank = rank;
     CU(cudaSetDevice(0));
+    CU(cudaStreamCreate(s));
+    CU(cudaMalloc((void **)d, COUNT * 4));
+    NC(ncclCommInitRank(comm, n, id, rank));
+    return 0;
+}
+
+static int fault_main(int rank, int n, ncclUniqueId id, int peer_exits)
+{
     cudaStream_t s;
-    CU(cudaStreamCreate(&s));
     int32_t *d;
-    CU(cudaMalloc((void **)&d, COUNT * 4));
     ncclComm_t comm;
-    NC(ncclCommInitRank(&comm, n, id, rank));
+    if (fault_setup(rank, n, id, &s, &d, &comm))
+        return 1;
     int32_t one = 1, sum = 0;
     NC(ncclAllReduce(&one, &sum, 1, ncclInt32, ncclSum, comm, NULL)); /* everyone connected */
     if (rank != 0) {
@@ -493,15 +502,12 @@ static int fault_main(int rank, int n, ncclUniqueId id, int peer_exits)
  * ncclCommGetAsyncError reports it, naming rank 1. */
 static int devcoll_fault_main(int rank, int n, ncclUniqueId id)
 {
-    g_rank = rank;
     setenv("BRAID_TIMEOUT_MS", "2000", 1);
-    CU(cudaSetDevice(0));
     cudaStream_t s;
-    CU(cudaStreamCreate(&s));
     int32_t *d;
-    CU(cudaMalloc((void **)&d, COUNT * 4));
     ncclComm_t comm;
-    NC(ncclCommInitRank(&comm, n, id, rank));
+    if (fault_setup(rank, n, id, &s, &d, &comm))
+        return 1;
     NC(ncclAllReduce(d, d, COUNT, ncclInt32, ncclSum, comm, s));
     CU(cudaStreamSynchronize(s));
     if (rank != 0)
