@@ -377,8 +377,9 @@ static braid_coll coll_of(const nccl_op *op)
 
 /* An all-reduce or broadcast outside a group, on the calling thread's
  * device, in a group with device collectives on (BRAID_DEVCOLL=1,
- * cuda/device_coll_group.h): one kernel on the caller's stream, no job. */
-static int direct_kernel(ncclComm_t comm, const nccl_op *ops, int n, int device)
+ * cuda/device_coll_group.h): one kernel on the caller's stream, no job.
+ * Fills *c when it is. */
+static int direct_kernel(ncclComm_t comm, const nccl_op *ops, int n, int device, braid_coll *c)
 {
     if (n != 1 || (ops[0].kind != NCCL_OP_ALLREDUCE && ops[0].kind != NCCL_OP_BROADCAST) || ops[0].pm.used)
         return 0;
@@ -387,15 +388,14 @@ static int direct_kernel(ncclComm_t comm, const nccl_op *ops, int n, int device)
         (void)cudaGetLastError();
         return 0;
     }
-    braid_coll c = coll_of(&ops[0]);
-    return cur == device && braid__devcoll_takes(comm->pg, &c, device);
+    *c = coll_of(&ops[0]);
+    return cur == device && braid__devcoll_takes(comm->pg, c, device);
 }
 
-static ncclResult_t direct_submit(ncclComm_t comm, const nccl_op *op)
+static ncclResult_t direct_submit(ncclComm_t comm, const braid_coll *c, const nccl_op *op)
 {
-    braid_coll c = coll_of(op);
     braid_work *w = NULL;
-    braid_status st = braid__devcoll_run(comm->pg, &c, op->stream, &w);
+    braid_status st = braid__devcoll_run(comm->pg, c, op->stream, &w);
     braid_work_free(w);
     return st == BRAID_OK ? ncclSuccess : nccl__from_braid(st, op->call);
 }
@@ -408,8 +408,9 @@ ncclResult_t nccl__dev_submit(ncclComm_t comm, const nccl_op *ops, int n)
         return nccl__fail(ncclInternalError, "%s: no device buffer in a device batch", call);
     if (one_rank_copies(comm, ops, n))
         return one_rank_submit(comm, ops, n, call);
-    if (direct_kernel(comm, ops, n, device))
-        return direct_submit(comm, &ops[0]);
+    braid_coll direct;
+    if (direct_kernel(comm, ops, n, device, &direct))
+        return direct_submit(comm, &direct, &ops[0]);
     nccl_worker *w;
     ncclResult_t r = worker_get(comm, device, call, &w);
     if (r != ncclSuccess)
@@ -510,7 +511,8 @@ void nccl__dev_stop(ncclComm_t comm)
 void nccl__dev_poll_kernels(ncclComm_t comm)
 {
     char text[256];
-    if (!comm->pg || atomic_load(&comm->async_error) != ncclSuccess || !braid__devcoll_fault(comm->pg, text, sizeof(text)))
+    if (!comm->pg || atomic_load(&comm->async_error) != ncclSuccess ||
+        !braid__devcoll_fault(comm->pg, text, sizeof(text)))
         return;
     pthread_mutex_lock(&comm->mu);
     int first = atomic_load(&comm->async_error) == ncclSuccess;
