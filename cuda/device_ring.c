@@ -1,9 +1,9 @@
 /* The device ring: the all-reduce of device buffers with the reduction on
  * the GPU, run on the group's executor (braid__hmem_coll_run).
  *
- * The host ring of src/algo/ring_allreduce.c (same segments, chunks, item
- * order and fingerprint, so it meets a host rank's ring on the wire), with
- * the data on the device:
+ * The host ring of src/algo/ring_allreduce.c (the same item order, from
+ * src/algo/ring_cursor.h, and fingerprint, so it meets a host rank's ring
+ * on the wire), with the data on the device:
  *
  *  receive item k (slot k % DRING_RECV_SLOTS): the transport fills
  *    rpin[slot]; then on h2d: wait for the kernel that last read
@@ -45,64 +45,11 @@
 #include "devlink.h"
 #include "fault_inject.h"
 #include "hmem_cuda.h"
+#include "algo/ring_cursor.h"
 #include "pg_algo.h"
 #include "status.h"
 #include "transport.h"
 #include "transports/cuda_ipc/cuda_ipc.h"
-
-typedef struct {
-    int step, steps, shift;
-    size_t chunk, seg_start, seg_len, nchunks;
-} dcursor;
-
-typedef struct {
-    int n, rank;
-    size_t count, epc; /* elements, elements per chunk */
-} dring;
-
-static void dcur_load(const dring *g, dcursor *c)
-{
-    int seg = ((g->rank - c->step - c->shift) % g->n + g->n) % g->n;
-    braid__segment(g->count, g->n, seg, &c->seg_start, &c->seg_len);
-    c->nchunks = (c->seg_len + g->epc - 1) / g->epc;
-    c->chunk = 0;
-}
-
-static void dcur_settle(const dring *g, dcursor *c)
-{
-    while (c->step < c->steps && c->chunk >= c->nchunks) {
-        c->step++;
-        if (c->step < c->steps)
-            dcur_load(g, c);
-    }
-}
-
-static void dcur_init(const dring *g, dcursor *c, int shift)
-{
-    c->step = 0;
-    c->steps = 2 * (g->n - 1);
-    c->shift = shift;
-    dcur_load(g, c);
-    dcur_settle(g, c);
-}
-
-static void dcur_next(const dring *g, dcursor *c)
-{
-    c->chunk++;
-    dcur_settle(g, c);
-}
-
-static int dcur_done(const dcursor *c)
-{
-    return c->step >= c->steps;
-}
-
-static void dcur_range(const dring *g, const dcursor *c, size_t *off, size_t *len)
-{
-    size_t first = c->chunk * g->epc;
-    *off = c->seg_start + first;
-    *len = c->seg_len - first < g->epc ? c->seg_len - first : g->epc;
-}
 
 /* Whether conn moves device memory itself (isend reads device memory,
  * irecv writes it, both complete only when the data has moved): the
@@ -209,7 +156,7 @@ typedef struct {
     braid_coll rc; /* the call as the host ring runs it: fingerprint, messages */
     braid_algo_ctx ctx;
     braid_algo_run run;
-    dring g;
+    braid_ring_geom g;
     size_t es, sb; /* element size, slot bytes */
     const uint8_t *send;
     uint8_t *recv, *rpin, *spin, *dslot;
@@ -222,7 +169,7 @@ typedef struct {
     braid_req fp_send_req;
     braid_fp_back back;
     int fp_sent;
-    dcursor post_r, done_r, stage_s, post_s;
+    braid_ring_cursor post_r, done_r, stage_s, post_s;
     size_t step0; /* sends of step 0, which need no receive first */
     braid_req rreq[DRING_RECV_SLOTS], sreq[DRING_SEND_SLOTS];
     /* slot_busy[s]: the event that frees slot s (its copy up, or with a
@@ -287,10 +234,10 @@ static braid_status dring_stage_sends(dring_call *d, int *moved)
 {
     struct braid_hmem *h = d->h;
     size_t es = d->es, sb = d->sb;
-    while (!dcur_done(&d->stage_s) && d->n_staged_s - d->n_done_s < DRING_SEND_SLOTS &&
+    while (!braid__ring_cursor_done(&d->stage_s) && d->n_staged_s - d->n_done_s < DRING_SEND_SLOTS &&
            (d->n_staged_s < d->step0 || d->n_staged_s - d->step0 < d->n_done_r)) {
         size_t off, len, j = d->n_staged_s, s = j % DRING_SEND_SLOTS;
-        dcur_range(&d->g, &d->stage_s, &off, &len);
+        braid__ring_cursor_range(&d->g, &d->stage_s, &off, &len);
         if (d->stage_s.step > 0) {
             /* the chunk of receive item j - step0: reduced by its
              * kernel, or (all-gather) copied up into recv */
@@ -308,7 +255,7 @@ static braid_status dring_stage_sends(dring_call *d, int *moved)
         }
         CUDA_CALL(cudaEventRecord(h->ev_d2h[s], h->d2h), "cudaEventRecord", d->pg->rank);
         d->n_staged_s++;
-        dcur_next(&d->g, &d->stage_s);
+        braid__ring_cursor_next(&d->g, &d->stage_s);
         *moved = 1;
     }
     return BRAID_OK;
@@ -325,11 +272,11 @@ static braid_status dring_post_sends(dring_call *d, int *moved)
             d->block_on = d->h->ev_d2h[s];
             break;
         }
-        dcur_range(&d->g, &d->post_s, &off, &len);
+        braid__ring_cursor_range(&d->g, &d->post_s, &off, &len);
         BRAID_CHECK(braid__fp_explain(&d->run, d->to_next->ops->isend(d->to_next, &d->sreq[s], d->ssrc[s],
                                                                       len * d->es)));
         d->n_posted_s++;
-        dcur_next(&d->g, &d->post_s);
+        braid__ring_cursor_next(&d->g, &d->post_s);
         *moved = 1;
     }
     return BRAID_OK;
@@ -339,7 +286,7 @@ static braid_status dring_post_sends(dring_call *d, int *moved)
 static braid_status dring_post_recvs(dring_call *d, int *moved)
 {
     int done;
-    while (!dcur_done(&d->post_r) && d->n_posted_r - d->n_done_r < DRING_RECV_SLOTS) {
+    while (!braid__ring_cursor_done(&d->post_r) && d->n_posted_r - d->n_done_r < DRING_RECV_SLOTS) {
         size_t off, len, k = d->n_posted_r, s = k % DRING_RECV_SLOTS;
         if (d->slot_busy[s]) {
             BRAID_CHECK(event_done(d->pg, d->slot_busy[s], &done));
@@ -350,7 +297,7 @@ static braid_status dring_post_recvs(dring_call *d, int *moved)
             }
             d->slot_busy[s] = NULL;
         }
-        dcur_range(&d->g, &d->post_r, &off, &len);
+        braid__ring_cursor_range(&d->g, &d->post_r, &off, &len);
         /* direct: reduce-scatter chunks into the device slot, gathered
          * ones straight into place */
         uint8_t *into = !d->drecv                    ? d->rpin + s * d->sb
@@ -358,7 +305,7 @@ static braid_status dring_post_recvs(dring_call *d, int *moved)
                                                       : d->recv + off * d->es;
         BRAID_CHECK(braid__fp_explain(&d->run, d->from_prev->ops->irecv(d->from_prev, &d->rreq[s], into, len * d->es)));
         d->n_posted_r++;
-        dcur_next(&d->g, &d->post_r);
+        braid__ring_cursor_next(&d->g, &d->post_r);
         *moved = 1;
     }
     return BRAID_OK;
@@ -409,10 +356,10 @@ static braid_status dring_complete(dring_call *d, int *moved)
         BRAID_CHECK(braid__fp_explain(&d->run, braid__algo_test(&d->run, &d->rreq[s], &done)));
         if (!done)
             break;
-        dcur_range(&d->g, &d->done_r, &off, &len);
+        braid__ring_cursor_range(&d->g, &d->done_r, &off, &len);
         BRAID_CHECK(dring_arrived(d, s, off, len));
         d->n_done_r++;
-        dcur_next(&d->g, &d->done_r);
+        braid__ring_cursor_next(&d->g, &d->done_r);
         *moved = 1;
     }
     if (!d->fp_sent) {
@@ -434,7 +381,7 @@ static braid_status dring_complete(dring_call *d, int *moved)
  * messages are out, and every copy and kernel ran: recv is final. */
 static braid_status dring_finish(dring_call *d, int *finished)
 {
-    int ctrl_pending = 0, all_done = d->fp_sent && dcur_done(&d->post_s) && dcur_done(&d->post_r) &&
+    int ctrl_pending = 0, all_done = d->fp_sent && braid__ring_cursor_done(&d->post_s) && braid__ring_cursor_done(&d->post_r) &&
                                      d->n_done_r == d->n_posted_r && d->n_done_s == d->n_posted_s;
     *finished = 0;
     if (all_done)
@@ -454,11 +401,11 @@ braid_status braid__device_ring(braid_pg *pg, braid_coll *coll)
 {
     struct braid_hmem *h = pg->hmem;
     size_t es = braid_dtype_size(coll->dtype);
-    dring g = {.n = pg->size, .rank = pg->rank, .count = coll->count};
-    g.epc = pg->chunk_bytes / es ? pg->chunk_bytes / es : 1;
-    if (g.epc * es > h->slot_bytes)
+    braid_ring_geom g = {.n = pg->size, .rank = pg->rank, .count = coll->count, .nshards = pg->size};
+    g.elems_per_chunk = pg->chunk_bytes / es ? pg->chunk_bytes / es : 1;
+    if (g.elems_per_chunk * es > h->slot_bytes)
         return braid__error(BRAID_ERR_INTERNAL, "rank %d: device ring chunk of %zu bytes exceeds its %zu-byte slots",
-                            pg->rank, g.epc * es, h->slot_bytes);
+                            pg->rank, g.elems_per_chunk * es, h->slot_bytes);
     if (g.n == 1) {
         const void *src = coll->send;
         BRAID_CHECK(braid__cuda_reduce(coll->dtype, coll->op, coll->recv, &src, 1, coll->count, 1, h->comp));
@@ -478,10 +425,10 @@ braid_status braid__device_ring(braid_pg *pg, braid_coll *coll)
                     .spin = h->spin,
                     .dslot = h->dslot};
     BRAID_CHECK(dring_connect(&d));
-    dcur_init(&d.g, &d.post_r, 1);
-    dcur_init(&d.g, &d.done_r, 1);
-    dcur_init(&d.g, &d.stage_s, 0);
-    dcur_init(&d.g, &d.post_s, 0);
+    braid__ring_cursor_init(&d.g, &d.post_r, 0, 2 * (g.n - 1), 1);
+    braid__ring_cursor_init(&d.g, &d.done_r, 0, 2 * (g.n - 1), 1);
+    braid__ring_cursor_init(&d.g, &d.stage_s, 0, 2 * (g.n - 1), 0);
+    braid__ring_cursor_init(&d.g, &d.post_s, 0, 2 * (g.n - 1), 0);
     d.step0 = d.stage_s.step == 0 ? d.stage_s.nchunks : 0;
 
     for (;;) {

@@ -98,7 +98,7 @@ static inline void braid__segment(size_t count, int n, int i, size_t *start, siz
     *len = base + (ui < rem ? 1 : 0);
 }
 
-/* One pass of the ring engine (ring_allreduce.c) over part of the group:
+/* One pass of the ring all-reduce (ring_allreduce.c) over part of the group:
  * the flat ring all-reduce is one pass over every rank and every step; the
  * hierarchical all-reduce runs its phases as passes over sub-rings. */
 typedef struct {
@@ -117,27 +117,6 @@ typedef struct {
 } braid_ring_pass;
 
 braid_status braid__ring_pass(braid_algo_run *run, const braid_ring_pass *pass);
-
-/* The fingerprint exchange and request windows of a ring that moves whole
- * blocks (all-gather, reduce-scatter; ring_flow.c). The caller sets the
- * links, prev and the windows (recv_reqs[recv_window], send_reqs[send_window])
- * and posts the data itself, counting posted_r and posted_s. */
-typedef struct {
-    braid_conn *to_next, *from_prev;
-    int prev;
-    uint8_t fp_mine[BRAID_FP_BYTES], fp_theirs[BRAID_FP_BYTES];
-    braid_req fp_send_req, fp_recv_req;
-    int fp_sent, fp_checked;
-    braid_req *recv_reqs, *send_reqs;
-    size_t recv_window, send_window;
-    size_t posted_r, done_r, posted_s, done_s;
-} braid_ring_flow;
-
-/* Send this call's fingerprint to next and post the receive of prev's. */
-braid_status braid__ring_flow_start(braid_ring_flow *f, const braid_coll *coll);
-/* Check prev's fingerprint once it arrived, then complete receives (only
- * after that check) and sends in posting order; *moved = 1 on progress. */
-braid_status braid__ring_flow_poll(braid_algo_run *run, braid_ring_flow *f, int *moved);
 
 /* Algorithms. */
 braid_status braid__ring_allreduce(braid_algo_run *run);

@@ -2,10 +2,32 @@
  * but the root receives each chunk straight into the user's buffer and
  * forwards it as soon as it lands, so all links carry data at once and the
  * time approaches size/bandwidth + (n-1) * chunk latency. */
-#include "algo.h"
+#include "pipeline.h"
 #include "status.h"
 
-#define WINDOW 8 /* chunks posted ahead in each direction */
+typedef struct {
+    uint8_t *buf;
+    size_t bytes, chunk;
+} chain;
+
+static void *chunk_of(const chain *c, size_t k, size_t *bytes)
+{
+    size_t off = k * c->chunk;
+    *bytes = c->bytes - off < c->chunk ? c->bytes - off : c->chunk;
+    return c->buf + off;
+}
+
+static const void *bc_send_item(braid_pipeline *p, size_t k, size_t *bytes)
+{
+    return chunk_of(p->sched, k, bytes);
+}
+
+static void *bc_recv_item(braid_pipeline *p, size_t k, size_t *bytes)
+{
+    return chunk_of(p->sched, k, bytes);
+}
+
+static const braid_pipeline_hooks bc_hooks = {.send_item = bc_send_item, .recv_item = bc_recv_item};
 
 braid_status braid__chain_broadcast(braid_algo_run *run)
 {
@@ -16,81 +38,21 @@ braid_status braid__chain_broadcast(braid_algo_run *run)
         return BRAID_OK;
 
     int pos = (rank - coll->root + n) % n; /* distance from the root along the chain */
-    int next = (rank + 1) % n, prev = (rank + n - 1) % n;
     int has_prev = pos > 0, has_next = pos < n - 1;
-    braid_conn *conns[2] = {NULL, NULL}, *to_next = NULL, *from_prev = NULL;
-    int nconns = 0;
-    if (has_next) {
-        BRAID_CHECK(braid__ctx_conn(ctx, next, &to_next));
-        conns[nconns++] = to_next;
-    }
-    if (has_prev) {
-        BRAID_CHECK(braid__ctx_conn(ctx, prev, &from_prev));
-        if (from_prev != to_next)
-            conns[nconns++] = from_prev;
-    }
+    chain c = {.buf = coll->recv, .bytes = coll->count * braid_dtype_size(coll->dtype)};
+    c.chunk = ctx->chunk_bytes ? ctx->chunk_bytes : c.bytes;
+    size_t nchunks = c.bytes ? (c.bytes + c.chunk - 1) / c.chunk : 0;
 
-    size_t bytes = coll->count * braid_dtype_size(coll->dtype);
-    size_t chunk = ctx->chunk_bytes ? ctx->chunk_bytes : bytes;
-    size_t nchunks = bytes ? (bytes + chunk - 1) / chunk : 0;
-    uint8_t *buf = coll->recv;
-
-    uint8_t fp_mine[BRAID_FP_BYTES];
-    braid_req fp_send_req;
-    int fp_sent = !has_next, fp_checked = !has_prev;
-    braid__fp_encode(coll, fp_mine);
-    if (has_next)
-        BRAID_CHECK(to_next->ops->isend(to_next, &fp_send_req, fp_mine, sizeof(fp_mine)));
-    if (has_prev)
-        BRAID_CHECK(braid__fp_recv(run, from_prev, prev));
-
-    braid_req recv_reqs[WINDOW], send_reqs[WINDOW];
-    /* The root "has received" everything from the start. */
-    size_t posted_r = has_prev ? 0 : nchunks, done_r = posted_r, posted_s = 0, done_s = 0;
-    size_t total_r = nchunks, total_s = has_next ? nchunks : 0;
-
-    for (;;) {
-        int moved = 0, done;
-        while (posted_s < total_s && posted_s < done_r && posted_s - done_s < WINDOW) {
-            size_t off = posted_s * chunk, len = bytes - off < chunk ? bytes - off : chunk;
-            BRAID_CHECK(to_next->ops->isend(to_next, &send_reqs[posted_s % WINDOW], buf + off, len));
-            posted_s++;
-            moved = 1;
-        }
-        while (posted_r < total_r && posted_r - done_r < WINDOW) {
-            size_t off = posted_r * chunk, len = bytes - off < chunk ? bytes - off : chunk;
-            BRAID_CHECK(from_prev->ops->irecv(from_prev, &recv_reqs[posted_r % WINDOW], buf + off, len));
-            posted_r++;
-            moved = 1;
-        }
-        if (!fp_checked) {
-            BRAID_CHECK(braid__fp_poll(run, &fp_checked));
-            moved |= fp_checked;
-        }
-        while (fp_checked && done_r < posted_r) {
-            BRAID_CHECK(braid__algo_test(run, &recv_reqs[done_r % WINDOW], &done));
-            if (!done)
-                break;
-            done_r++;
-            moved = 1;
-        }
-        if (!fp_sent) {
-            BRAID_CHECK(braid__algo_test(run, &fp_send_req, &fp_sent));
-            moved |= fp_sent;
-        }
-        while (done_s < posted_s) {
-            BRAID_CHECK(braid__algo_test(run, &send_reqs[done_s % WINDOW], &done));
-            if (!done)
-                break;
-            done_s++;
-            moved = 1;
-        }
-        if (fp_sent && fp_checked && done_r == total_r && done_s == total_s)
-            return BRAID_OK;
-        if (!moved) {
-            braid_status st = braid__algo_wait(run, conns, nconns, done_r < total_r || !fp_checked ? prev : next);
-            if (st != BRAID_OK)
-                return st;
-        }
-    }
+    /* Every rank forwards what it received; the root holds it all from the start. */
+    braid_pipeline p = {.run = run,
+                        .hooks = &bc_hooks,
+                        .sched = &c,
+                        .next = has_next ? (rank + 1) % n : -1,
+                        .prev = has_prev ? (rank + n - 1) % n : -1,
+                        .sends = has_next ? nchunks : 0,
+                        .recvs = has_prev ? nchunks : 0,
+                        .send_lead = has_prev ? 0 : nchunks,
+                        .recv_slots = BRAID_PIPE_WINDOW,
+                        .fp = 1};
+    return braid__pipeline_run(&p);
 }

@@ -19,16 +19,19 @@
  * input of block r before its final use, so that block is stashed first. */
 #include <string.h>
 
-#include "algo.h"
+#include "pipeline.h"
 #include "reduce/reduce.h"
 #include "status.h"
 
-#define RECV_SLOTS 8  /* chunks in flight into staging */
-#define SEND_WINDOW 8 /* sends posted ahead of completion */
+#define RECV_SLOTS 8 /* chunks in flight into staging */
 
 typedef struct {
     int n, rank;
     size_t count, esize, elems_per_chunk, chunks; /* chunks per block */
+    size_t last_step_first;                       /* first item of the last step */
+    const uint8_t *send, *own_block;
+    uint8_t *recv, *staging;
+    size_t slot_bytes;
 } layout;
 
 /* Item k is (step k / chunks, chunk k % chunks); the block it carries is
@@ -41,94 +44,90 @@ static void item_range(const layout *g, size_t k, int shift, int *step, int *blo
     *len = g->count - *off < g->elems_per_chunk ? g->count - *off : g->elems_per_chunk;
 }
 
+/* Step 0 sends the own input; later steps forward the partial that the
+ * previous step's combine left in recv. */
+static const void *rs_send_item(braid_pipeline *p, size_t k, size_t *bytes)
+{
+    const layout *g = p->sched;
+    int step, block;
+    size_t off, len;
+    item_range(g, k, 1, &step, &block, &off, &len);
+    *bytes = len * g->esize;
+    return step == 0 ? g->send + ((size_t)block * g->count + off) * g->esize : g->recv + off * g->esize;
+}
+
+static void *rs_recv_item(braid_pipeline *p, size_t k, size_t *bytes)
+{
+    const layout *g = p->sched;
+    int step, block;
+    size_t off, len;
+    item_range(g, k, 2, &step, &block, &off, &len);
+    *bytes = len * g->esize;
+    return g->staging + (k % RECV_SLOTS) * g->slot_bytes;
+}
+
+static void rs_combine(braid_pipeline *p, size_t k)
+{
+    const layout *g = p->sched;
+    const braid_coll *coll = p->run->coll;
+    int step, block;
+    size_t off, len;
+    item_range(g, k, 2, &step, &block, &off, &len);
+    const uint8_t *slot = g->staging + (k % RECV_SLOTS) * g->slot_bytes;
+    const uint8_t *mine = (block == g->rank ? g->own_block : g->send + (size_t)block * g->count * g->esize) +
+                          off * g->esize;
+    uint8_t *dst = g->recv + off * g->esize;
+    if (k >= g->last_step_first)
+        braid__reduce_final(coll->dtype, coll->op, dst, mine, slot, len, g->n);
+    else
+        braid__reduce(coll->dtype, coll->op, dst, mine, slot, len);
+}
+
+static const braid_pipeline_hooks rs_hooks = {
+    .send_item = rs_send_item, .recv_item = rs_recv_item, .combine = rs_combine};
+
 braid_status braid__ring_reduce_scatter(braid_algo_run *run)
 {
     const braid_algo_ctx *ctx = run->ctx;
     const braid_coll *coll = run->coll;
-    layout g = {.n = ctx->size, .rank = ctx->rank, .count = coll->count, .esize = braid_dtype_size(coll->dtype)};
-    const uint8_t *send = coll->send;
-    uint8_t *recv = coll->recv;
+    layout g = {.n = ctx->size, .rank = ctx->rank, .count = coll->count, .esize = braid_dtype_size(coll->dtype),
+                .send = coll->send, .recv = coll->recv};
     size_t block_bytes = g.count * g.esize;
 
     if (g.n == 1) {
-        if (block_bytes && (const uint8_t *)recv != send)
-            memmove(recv, send, block_bytes);
-        braid__reduce_scale(coll->dtype, coll->op, recv, g.count, 1);
+        if (block_bytes && g.recv != g.send)
+            memmove(g.recv, g.send, block_bytes);
+        braid__reduce_scale(coll->dtype, coll->op, g.recv, g.count, 1);
         return BRAID_OK;
     }
     g.elems_per_chunk = ctx->chunk_bytes / g.esize ? ctx->chunk_bytes / g.esize : 1;
     g.chunks = (g.count + g.elems_per_chunk - 1) / g.elems_per_chunk;
-    size_t total = (size_t)(g.n - 1) * g.chunks, last_step_first = (size_t)(g.n - 2) * g.chunks;
-
-    int next = (g.rank + 1) % g.n, prev = (g.rank + g.n - 1) % g.n;
-    braid_conn *conns[2];
-    BRAID_CHECK(braid__ctx_conn(ctx, next, &conns[0]));
-    BRAID_CHECK(braid__ctx_conn(ctx, prev, &conns[1]));
-    int nconns = conns[0] == conns[1] ? 1 : 2;
+    g.last_step_first = (size_t)(g.n - 2) * g.chunks;
+    size_t total = (size_t)(g.n - 1) * g.chunks;
 
     /* A slot never needs more than one block, whatever the chunk size. */
-    size_t slot_bytes = (g.elems_per_chunk < g.count ? g.elems_per_chunk : g.count) * g.esize;
-    int in_place = block_bytes && (const uint8_t *)recv == send + (size_t)g.rank * block_bytes;
-    uint8_t *staging;
-    BRAID_CHECK(braid__ctx_scratch(ctx, RECV_SLOTS * slot_bytes + (in_place ? block_bytes : 0), (void **)&staging));
-    const uint8_t *own_block = send + (size_t)g.rank * block_bytes;
+    g.slot_bytes = (g.elems_per_chunk < g.count ? g.elems_per_chunk : g.count) * g.esize;
+    int in_place = block_bytes && g.recv == g.send + (size_t)g.rank * block_bytes;
+    BRAID_CHECK(braid__ctx_scratch(ctx, RECV_SLOTS * g.slot_bytes + (in_place ? block_bytes : 0),
+                                   (void **)&g.staging));
+    g.own_block = g.send + (size_t)g.rank * block_bytes;
     if (in_place) {
-        memcpy(staging + RECV_SLOTS * slot_bytes, own_block, block_bytes);
-        own_block = staging + RECV_SLOTS * slot_bytes;
+        memcpy(g.staging + RECV_SLOTS * g.slot_bytes, g.own_block, block_bytes);
+        g.own_block = g.staging + RECV_SLOTS * g.slot_bytes;
     }
 
-    braid_req recv_reqs[RECV_SLOTS], send_reqs[SEND_WINDOW];
-    braid_ring_flow f = {.to_next = conns[0],
-                         .from_prev = conns[nconns - 1],
-                         .prev = prev,
-                         .recv_reqs = recv_reqs,
-                         .send_reqs = send_reqs,
-                         .recv_window = RECV_SLOTS,
-                         .send_window = SEND_WINDOW};
-    BRAID_CHECK(braid__ring_flow_start(&f, coll));
-    size_t reduced = 0;
-
-    for (;;) {
-        int moved = 0, step, block;
-        size_t off, len;
-
-        /* Step 0 sends the own input; later steps forward the partial that
-         * the previous step's reduce left in recv. */
-        while (f.posted_s < total && f.posted_s - f.done_s < SEND_WINDOW &&
-               (f.posted_s < g.chunks || f.posted_s - g.chunks < reduced)) {
-            item_range(&g, f.posted_s, 1, &step, &block, &off, &len);
-            const uint8_t *src = step == 0 ? send + ((size_t)block * g.count + off) * g.esize : recv + off * g.esize;
-            BRAID_CHECK(f.to_next->ops->isend(f.to_next, &send_reqs[f.posted_s % SEND_WINDOW], src, len * g.esize));
-            f.posted_s++;
-            moved = 1;
-        }
-        while (f.posted_r < total && f.posted_r - reduced < RECV_SLOTS) {
-            item_range(&g, f.posted_r, 2, &step, &block, &off, &len);
-            uint8_t *slot = staging + (f.posted_r % RECV_SLOTS) * slot_bytes;
-            BRAID_CHECK(
-                f.from_prev->ops->irecv(f.from_prev, &recv_reqs[f.posted_r % RECV_SLOTS], slot, len * g.esize));
-            f.posted_r++;
-            moved = 1;
-        }
-        BRAID_CHECK(braid__ring_flow_poll(run, &f, &moved));
-        /* Reduce in order. From step 1 on, the recv chunk being written
-         * still holds the previous partial until its forwarding send is done. */
-        while (reduced < f.done_r && (reduced < g.chunks || reduced < f.done_s)) {
-            item_range(&g, reduced, 2, &step, &block, &off, &len);
-            const uint8_t *slot = staging + (reduced % RECV_SLOTS) * slot_bytes;
-            const uint8_t *mine = (block == g.rank ? own_block : send + (size_t)block * block_bytes) + off * g.esize;
-            uint8_t *dst = recv + off * g.esize;
-            if (reduced >= last_step_first)
-                braid__reduce_final(coll->dtype, coll->op, dst, mine, slot, len, g.n);
-            else
-                braid__reduce(coll->dtype, coll->op, dst, mine, slot, len);
-            reduced++;
-            moved = 1;
-        }
-
-        if (f.fp_sent && f.fp_checked && reduced == total && f.done_s == total)
-            return BRAID_OK;
-        if (!moved)
-            BRAID_CHECK(braid__algo_wait(run, conns, nconns, f.done_r < total || !f.fp_checked ? prev : next));
-    }
+    /* From step 1 on, a combine rewrites the recv chunk whose previous
+     * partial the same item's send forwards: it waits for that send. */
+    braid_pipeline p = {.run = run,
+                        .hooks = &rs_hooks,
+                        .sched = &g,
+                        .next = (g.rank + 1) % g.n,
+                        .prev = (g.rank + g.n - 1) % g.n,
+                        .sends = total,
+                        .recvs = total,
+                        .send_lead = g.chunks,
+                        .combine_lead = g.chunks,
+                        .recv_slots = RECV_SLOTS,
+                        .fp = 1};
+    return braid__pipeline_run(&p);
 }
