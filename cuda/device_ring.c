@@ -38,13 +38,18 @@
  *
  * Only the host waits on events (cudaEventQuery in the loop; a blocking
  * wait when nothing else can move), streams wait on each other through
- * events, so copies up, kernels, copies down and the network all overlap. */
+ * events, so copies up, kernels, copies down and the network all overlap.
+ *
+ * The loop itself is the pipelined engine's (src/algo/pipeline.h), the one
+ * every host ring and chain runs on: this file gives its hooks (stage a
+ * send, a send or a slot ready, an arrival, what to block on, the end). */
 #include <cuda_runtime_api.h>
 
 #include "braid_cuda.h"
 #include "devlink.h"
 #include "fault_inject.h"
 #include "hmem_cuda.h"
+#include "algo/pipeline.h"
 #include "algo/ring_cursor.h"
 #include "pg_algo.h"
 #include "status.h"
@@ -146,9 +151,14 @@ static braid_status event_done(braid_pg *pg, cudaEvent_t ev, int *done)
     return BRAID_OK;
 }
 
+/* The engine's send window is the pinned send slots; its receive window
+ * the receive slots. */
+_Static_assert(DRING_SEND_SLOTS == BRAID_PIPE_WINDOW, "one send slot per send in flight");
+_Static_assert(DRING_RECV_SLOTS <= BRAID_PIPE_WINDOW, "receive slots within the engine's window");
+
 /* One device ring call from its set-up to its end: the host ring's view of
- * the call, the links picked, and the items of both directions (receives
- * posted and done; sends staged, posted and done), walked by cursors. */
+ * the call, the links picked, and the cursors of the item hooks; the
+ * pipelined engine (src/algo/pipeline.c) owns the windows and the order. */
 typedef struct {
     braid_pg *pg;
     struct braid_hmem *h;
@@ -163,20 +173,18 @@ typedef struct {
     int next, prev;
     braid_conn *host_next, *host_prev, *to_next, *from_prev;
     int dsend, drecv; /* sides whose connection moves device memory: no pinned slot there */
-    braid_conn *conns[4];
+    braid_conn *conns[BRAID_PIPE_MAX_CONNS];
     int nconns;
     uint8_t fp_mine[BRAID_FP_BYTES];
     braid_req fp_send_req;
     braid_fp_back back;
     int fp_sent;
-    braid_ring_cursor post_r, done_r, stage_s, post_s;
+    braid_ring_cursor done_r, stage_s, post_s, post_r;
     size_t step0; /* sends of step 0, which need no receive first */
-    braid_req rreq[DRING_RECV_SLOTS], sreq[DRING_SEND_SLOTS];
     /* slot_busy[s]: the event that frees slot s (its copy up, or with a
      * direct receive the kernel reading the device slot), or NULL */
     cudaEvent_t slot_busy[DRING_RECV_SLOTS];
     const uint8_t *ssrc[DRING_SEND_SLOTS];
-    size_t n_posted_r, n_done_r, n_staged_s, n_posted_s, n_done_s;
     cudaEvent_t block_on; /* what to wait for when nothing moved */
 } dring_call;
 
@@ -226,88 +234,79 @@ static braid_status dring_connect(dring_call *d)
     return BRAID_OK;
 }
 
-/* Stage sends: input chunks (step 0), reduced chunks and gathered chunks
- * go down to pinned send slots on d2h after whatever produced them; with a
- * direct connection only ev_d2h is recorded, to tell the host when the
- * chunk is final. */
-static braid_status dring_stage_sends(dring_call *d, int *moved)
+/* Stage send j: an input chunk (step 0), a reduced chunk or a gathered
+ * chunk goes down to its pinned send slot on d2h after whatever produced
+ * it; with a direct connection only ev_d2h is recorded, to tell the host
+ * when the chunk is final. */
+static braid_status dring_stage_send(braid_pipeline *p, size_t j)
 {
+    dring_call *d = p->sched;
     struct braid_hmem *h = d->h;
-    size_t es = d->es, sb = d->sb;
-    while (!braid__ring_cursor_done(&d->stage_s) && d->n_staged_s - d->n_done_s < DRING_SEND_SLOTS &&
-           (d->n_staged_s < d->step0 || d->n_staged_s - d->step0 < d->n_done_r)) {
-        size_t off, len, j = d->n_staged_s, s = j % DRING_SEND_SLOTS;
-        braid__ring_cursor_range(&d->g, &d->stage_s, &off, &len);
-        if (d->stage_s.step > 0) {
-            /* the chunk of receive item j - step0: reduced by its
-             * kernel, or (all-gather) copied up into recv */
-            size_t r = (j - d->step0) % DRING_RECV_SLOTS;
-            cudaEvent_t after = d->stage_s.step < d->g.n ? h->ev_kern[r] : h->ev_h2d[r];
-            CUDA_CALL(cudaStreamWaitEvent(h->d2h, after, 0), "cudaStreamWaitEvent", d->pg->rank);
-        }
-        const uint8_t *from = (d->stage_s.step == 0 ? d->send : d->recv) + off * es;
-        if (d->dsend) {
-            d->ssrc[s] = from; /* sent from where it is, once ev_d2h says it is final */
-        } else {
-            CUDA_CALL(cudaMemcpyAsync(d->spin + s * sb, from, len * es, cudaMemcpyDefault, h->d2h),
-                      "cudaMemcpyAsync", d->pg->rank);
-            d->ssrc[s] = d->spin + s * sb;
-        }
-        CUDA_CALL(cudaEventRecord(h->ev_d2h[s], h->d2h), "cudaEventRecord", d->pg->rank);
-        d->n_staged_s++;
-        braid__ring_cursor_next(&d->g, &d->stage_s);
-        *moved = 1;
+    size_t es = d->es, sb = d->sb, off, len, s = j % DRING_SEND_SLOTS;
+    braid__ring_cursor_range(&d->g, &d->stage_s, &off, &len);
+    if (d->stage_s.step > 0) {
+        /* the chunk of receive item j - step0: reduced by its kernel, or
+         * (all-gather) copied up into recv */
+        size_t r = (j - d->step0) % DRING_RECV_SLOTS;
+        cudaEvent_t after = d->stage_s.step < d->g.n ? h->ev_kern[r] : h->ev_h2d[r];
+        CUDA_CALL(cudaStreamWaitEvent(h->d2h, after, 0), "cudaStreamWaitEvent", d->pg->rank);
     }
+    const uint8_t *from = (d->stage_s.step == 0 ? d->send : d->recv) + off * es;
+    if (d->dsend) {
+        d->ssrc[s] = from; /* sent from where it is, once ev_d2h says it is final */
+    } else {
+        CUDA_CALL(cudaMemcpyAsync(d->spin + s * sb, from, len * es, cudaMemcpyDefault, h->d2h), "cudaMemcpyAsync",
+                  d->pg->rank);
+        d->ssrc[s] = d->spin + s * sb;
+    }
+    CUDA_CALL(cudaEventRecord(h->ev_d2h[s], h->d2h), "cudaEventRecord", d->pg->rank);
+    braid__ring_cursor_next(&d->g, &d->stage_s);
     return BRAID_OK;
 }
 
-/* Post staged sends, in order, once their data is ready. */
-static braid_status dring_post_sends(dring_call *d, int *moved)
+/* A staged send goes out once its data is ready. */
+static braid_status dring_send_item(braid_pipeline *p, size_t k, const void **buf, size_t *bytes)
 {
+    dring_call *d = p->sched;
+    size_t off, len, s = k % DRING_SEND_SLOTS;
     int done;
-    while (d->n_posted_s < d->n_staged_s) {
-        size_t off, len, s = d->n_posted_s % DRING_SEND_SLOTS;
-        BRAID_CHECK(event_done(d->pg, d->h->ev_d2h[s], &done));
+    *buf = NULL;
+    BRAID_CHECK(event_done(d->pg, d->h->ev_d2h[s], &done));
+    if (!done) {
+        d->block_on = d->h->ev_d2h[s];
+        return BRAID_OK;
+    }
+    braid__ring_cursor_range(&d->g, &d->post_s, &off, &len);
+    *buf = d->ssrc[s];
+    *bytes = len * d->es;
+    braid__ring_cursor_next(&d->g, &d->post_s);
+    return BRAID_OK;
+}
+
+/* A receive takes its slot once the copy or kernel last using it ended;
+ * direct: reduce-scatter chunks into the device slot, gathered ones
+ * straight into place. */
+static braid_status dring_recv_item(braid_pipeline *p, size_t k, void **buf, size_t *bytes)
+{
+    dring_call *d = p->sched;
+    size_t off, len, s = k % DRING_RECV_SLOTS;
+    int done;
+    *buf = NULL;
+    if (d->slot_busy[s]) {
+        BRAID_CHECK(event_done(d->pg, d->slot_busy[s], &done));
         if (!done) {
-            d->block_on = d->h->ev_d2h[s];
-            break;
+            if (!d->block_on)
+                d->block_on = d->slot_busy[s];
+            return BRAID_OK;
         }
-        braid__ring_cursor_range(&d->g, &d->post_s, &off, &len);
-        BRAID_CHECK(braid__fp_explain(&d->run, d->to_next->ops->isend(d->to_next, &d->sreq[s], d->ssrc[s],
-                                                                      len * d->es)));
-        d->n_posted_s++;
-        braid__ring_cursor_next(&d->g, &d->post_s);
-        *moved = 1;
+        d->slot_busy[s] = NULL;
     }
-    return BRAID_OK;
-}
-
-/* Post receives into free slots. */
-static braid_status dring_post_recvs(dring_call *d, int *moved)
-{
-    int done;
-    while (!braid__ring_cursor_done(&d->post_r) && d->n_posted_r - d->n_done_r < DRING_RECV_SLOTS) {
-        size_t off, len, k = d->n_posted_r, s = k % DRING_RECV_SLOTS;
-        if (d->slot_busy[s]) {
-            BRAID_CHECK(event_done(d->pg, d->slot_busy[s], &done));
-            if (!done) {
-                if (!d->block_on)
-                    d->block_on = d->slot_busy[s];
-                break;
-            }
-            d->slot_busy[s] = NULL;
-        }
-        braid__ring_cursor_range(&d->g, &d->post_r, &off, &len);
-        /* direct: reduce-scatter chunks into the device slot, gathered
-         * ones straight into place */
-        uint8_t *into = !d->drecv                    ? d->rpin + s * d->sb
-                        : d->post_r.step < d->g.n - 1 ? d->dslot + s * d->sb
-                                                      : d->recv + off * d->es;
-        BRAID_CHECK(braid__fp_explain(&d->run, d->from_prev->ops->irecv(d->from_prev, &d->rreq[s], into, len * d->es)));
-        d->n_posted_r++;
-        braid__ring_cursor_next(&d->g, &d->post_r);
-        *moved = 1;
-    }
+    braid__ring_cursor_range(&d->g, &d->post_r, &off, &len);
+    *buf = !d->drecv                     ? d->rpin + s * d->sb
+           : d->post_r.step < d->g.n - 1 ? d->dslot + s * d->sb
+                                         : d->recv + off * d->es;
+    *bytes = len * d->es;
+    braid__ring_cursor_next(&d->g, &d->post_r);
     return BRAID_OK;
 }
 
@@ -346,56 +345,58 @@ static braid_status dring_arrived(dring_call *d, size_t s, size_t off, size_t le
     return BRAID_OK;
 }
 
-/* Complete receives in order (the fingerprints were checked by
- * pick_links), then the fingerprint send and the data sends. */
-static braid_status dring_complete(dring_call *d, int *moved)
+/* Receive item k arrived (the fingerprints were checked by pick_links). */
+static braid_status dring_combine(braid_pipeline *p, size_t k)
 {
-    int done;
-    while (d->n_done_r < d->n_posted_r) {
-        size_t off, len, k = d->n_done_r, s = k % DRING_RECV_SLOTS;
-        BRAID_CHECK(braid__fp_explain(&d->run, braid__algo_test(&d->run, &d->rreq[s], &done)));
-        if (!done)
-            break;
-        braid__ring_cursor_range(&d->g, &d->done_r, &off, &len);
-        BRAID_CHECK(dring_arrived(d, s, off, len));
-        d->n_done_r++;
-        braid__ring_cursor_next(&d->g, &d->done_r);
-        *moved = 1;
-    }
-    if (!d->fp_sent) {
-        BRAID_CHECK(braid__fp_explain(&d->run, braid__algo_test(&d->run, &d->fp_send_req, &d->fp_sent)));
-        *moved |= d->fp_sent;
-    }
-    while (d->n_done_s < d->n_posted_s) {
-        BRAID_CHECK(braid__fp_explain(&d->run,
-                                      braid__algo_test(&d->run, &d->sreq[d->n_done_s % DRING_SEND_SLOTS], &done)));
-        if (!done)
-            break;
-        d->n_done_s++;
-        *moved = 1;
-    }
+    dring_call *d = p->sched;
+    size_t off, len;
+    braid__ring_cursor_range(&d->g, &d->done_r, &off, &len);
+    BRAID_CHECK(dring_arrived(d, k % DRING_RECV_SLOTS, off, len));
+    braid__ring_cursor_next(&d->g, &d->done_r);
     return BRAID_OK;
 }
 
-/* *finished = 1 once every item is done, the device links' control
- * messages are out, and every copy and kernel ran: recv is final. */
-static braid_status dring_finish(dring_call *d, int *finished)
+/* Nothing moved and an item waits for a copy: only that copy can unblock
+ * us, and it finishes on its own. */
+static braid_status dring_idle(braid_pipeline *p, int *waited)
 {
-    int ctrl_pending = 0, all_done = d->fp_sent && braid__ring_cursor_done(&d->post_s) && braid__ring_cursor_done(&d->post_r) &&
-                                     d->n_done_r == d->n_posted_r && d->n_done_s == d->n_posted_s;
-    *finished = 0;
-    if (all_done)
-        BRAID_CHECK(braid__fp_explain(
-            &d->run, links_pending(d->to_next, d->host_next, d->from_prev, d->host_prev, &ctrl_pending)));
-    if (all_done && !ctrl_pending) {
-        /* Everything went up and every kernel ran: recv is final. */
-        CUDA_CALL(cudaStreamSynchronize(d->h->h2d), "cudaStreamSynchronize", d->pg->rank);
-        CUDA_CALL(cudaStreamSynchronize(d->h->comp), "cudaStreamSynchronize", d->pg->rank);
-        CUDA_CALL(cudaStreamSynchronize(d->h->d2h), "cudaStreamSynchronize", d->pg->rank);
-        *finished = 1;
-    }
+    dring_call *d = p->sched;
+    cudaEvent_t ev = d->block_on;
+    d->block_on = NULL;
+    *waited = ev != NULL;
+    if (ev)
+        CUDA_CALL(cudaEventSynchronize(ev), "cudaEventSynchronize", d->pg->rank);
     return BRAID_OK;
 }
+
+/* Every item is done: *done = 1 once the fingerprint send and the device
+ * links' control messages are out, and every copy and kernel ran (recv is
+ * final). */
+static braid_status dring_finish(braid_pipeline *p, int *done)
+{
+    dring_call *d = p->sched;
+    int pending = 0;
+    *done = 0;
+    if (!d->fp_sent)
+        BRAID_CHECK(braid__algo_test(&d->run, &d->fp_send_req, &d->fp_sent));
+    if (!d->fp_sent)
+        return BRAID_OK;
+    BRAID_CHECK(links_pending(d->to_next, d->host_next, d->from_prev, d->host_prev, &pending));
+    if (pending)
+        return BRAID_OK;
+    CUDA_CALL(cudaStreamSynchronize(d->h->h2d), "cudaStreamSynchronize", d->pg->rank);
+    CUDA_CALL(cudaStreamSynchronize(d->h->comp), "cudaStreamSynchronize", d->pg->rank);
+    CUDA_CALL(cudaStreamSynchronize(d->h->d2h), "cudaStreamSynchronize", d->pg->rank);
+    *done = 1;
+    return BRAID_OK;
+}
+
+static const braid_pipeline_hooks dring_hooks = {.send_item = dring_send_item,
+                                                 .recv_item = dring_recv_item,
+                                                 .combine = dring_combine,
+                                                 .stage_send = dring_stage_send,
+                                                 .idle = dring_idle,
+                                                 .finish = dring_finish};
 
 braid_status braid__device_ring(braid_pg *pg, braid_coll *coll)
 {
@@ -425,31 +426,27 @@ braid_status braid__device_ring(braid_pg *pg, braid_coll *coll)
                     .spin = h->spin,
                     .dslot = h->dslot};
     BRAID_CHECK(dring_connect(&d));
-    braid__ring_cursor_init(&d.g, &d.post_r, 0, 2 * (g.n - 1), 1);
-    braid__ring_cursor_init(&d.g, &d.done_r, 0, 2 * (g.n - 1), 1);
-    braid__ring_cursor_init(&d.g, &d.stage_s, 0, 2 * (g.n - 1), 0);
-    braid__ring_cursor_init(&d.g, &d.post_s, 0, 2 * (g.n - 1), 0);
+    int end = 2 * (g.n - 1);
+    braid__ring_cursor_init(&d.g, &d.post_r, 0, end, 1);
+    braid__ring_cursor_init(&d.g, &d.stage_s, 0, end, 0);
+    d.done_r = d.post_r;
+    d.post_s = d.stage_s;
     d.step0 = d.stage_s.step == 0 ? d.stage_s.nchunks : 0;
-
-    for (;;) {
-        int moved = 0, finished;
-        d.block_on = NULL;
-        BRAID_CHECK(dring_stage_sends(&d, &moved));
-        BRAID_CHECK(dring_post_sends(&d, &moved));
-        BRAID_CHECK(dring_post_recvs(&d, &moved));
-        BRAID_CHECK(dring_complete(&d, &moved));
-        BRAID_CHECK(dring_finish(&d, &finished));
-        if (finished)
-            return BRAID_OK;
-        if (!moved) {
-            if (d.block_on) {
-                /* Only a copy can unblock us: it finishes on its own. */
-                CUDA_CALL(cudaEventSynchronize(d.block_on), "cudaEventSynchronize", pg->rank);
-                continue;
-            }
-            braid_status st = braid__algo_wait(&d.run, d.conns, d.nconns, d.n_done_r < d.n_posted_r ? d.prev : d.next);
-            if (st != BRAID_OK)
-                return braid__fp_explain(&d.run, st);
-        }
-    }
+    braid_pipeline p = {.run = &d.run,
+                        .hooks = &dring_hooks,
+                        .sched = &d,
+                        .next = d.next,
+                        .prev = d.prev,
+                        .sends = braid__ring_cursor_items(&d.g, d.stage_s),
+                        .recvs = braid__ring_cursor_items(&d.g, d.post_r),
+                        .send_lead = d.step0,
+                        .combine_lead = SIZE_MAX,
+                        .recv_slots = DRING_RECV_SLOTS,
+                        .to_next = d.to_next,
+                        .from_prev = d.from_prev,
+                        .nconns = d.nconns};
+    for (int i = 0; i < d.nconns; i++)
+        p.conns[i] = d.conns[i];
+    /* fp 0: the fingerprints went first, in dring_connect */
+    return braid__fp_explain(&d.run, braid__pipeline_run(&p));
 }

@@ -17,14 +17,16 @@ static void *chunk_of(const chain *c, size_t k, size_t *bytes)
     return c->buf + off;
 }
 
-static const void *bc_send_item(braid_pipeline *p, size_t k, size_t *bytes)
+static braid_status bc_send_item(braid_pipeline *p, size_t k, const void **buf, size_t *bytes)
 {
-    return chunk_of(p->sched, k, bytes);
+    *buf = chunk_of(p->sched, k, bytes);
+    return BRAID_OK;
 }
 
-static void *bc_recv_item(braid_pipeline *p, size_t k, size_t *bytes)
+static braid_status bc_recv_item(braid_pipeline *p, size_t k, void **buf, size_t *bytes)
 {
-    return chunk_of(p->sched, k, bytes);
+    *buf = chunk_of(p->sched, k, bytes);
+    return BRAID_OK;
 }
 
 static const braid_pipeline_hooks bc_hooks = {.send_item = bc_send_item, .recv_item = bc_recv_item};

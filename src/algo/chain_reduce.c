@@ -41,24 +41,26 @@ static uint8_t *slot_of(const chain *c, size_t k)
 }
 
 /* The first rank sends its input, the others the partial in the slot. */
-static const void *cr_send_item(braid_pipeline *p, size_t k, size_t *bytes)
+static braid_status cr_send_item(braid_pipeline *p, size_t k, const void **buf, size_t *bytes)
 {
     const chain *c = p->sched;
     size_t len, off = chunk_range(c, k, &len);
     *bytes = len * c->esize;
-    return c->is_first ? c->send + off * c->esize : slot_of(c, k);
+    *buf = c->is_first ? c->send + off * c->esize : slot_of(c, k);
+    return BRAID_OK;
 }
 
-static void *cr_recv_item(braid_pipeline *p, size_t k, size_t *bytes)
+static braid_status cr_recv_item(braid_pipeline *p, size_t k, void **buf, size_t *bytes)
 {
     const chain *c = p->sched;
     size_t len;
     chunk_range(c, k, &len);
     *bytes = len * c->esize;
-    return slot_of(c, k);
+    *buf = slot_of(c, k);
+    return BRAID_OK;
 }
 
-static void cr_combine(braid_pipeline *p, size_t k)
+static braid_status cr_combine(braid_pipeline *p, size_t k)
 {
     const chain *c = p->sched;
     const braid_coll *coll = p->run->coll;
@@ -69,6 +71,7 @@ static void cr_combine(braid_pipeline *p, size_t k)
                             c->n);
     else
         braid__reduce(coll->dtype, coll->op, slot, c->send + off * c->esize, slot, len);
+    return BRAID_OK;
 }
 
 static const braid_pipeline_hooks cr_hooks = {

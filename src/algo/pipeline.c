@@ -8,6 +8,8 @@
 static braid_status connect_links(braid_pipeline *p)
 {
     const braid_algo_ctx *ctx = p->run->ctx;
+    if (p->nconns > 0)
+        return BRAID_OK; /* the schedule's own */
     p->to_next = p->from_prev = NULL;
     p->nconns = 0;
     if (p->next >= 0) {
@@ -47,26 +49,44 @@ static inline int combine_ready(const braid_pipeline *p)
     return p->combined < p->done_r && (p->combined < p->combine_lead || p->combined < p->done_s);
 }
 
-static inline void combine_ready_items(braid_pipeline *p, int *moved)
+static inline braid_status combine_ready_items(braid_pipeline *p, int *moved)
 {
     if (!p->hooks->combine) {
         *moved |= p->combined != p->done_r;
         p->combined = p->done_r;
-        return;
+        return BRAID_OK;
     }
     while (combine_ready(p)) {
-        p->hooks->combine(p, p->combined);
+        BRAID_CHECK(p->hooks->combine(p, p->combined));
         p->combined++;
         *moved = 1;
     }
+    return BRAID_OK;
+}
+
+/* Send k may be produced: within the window, and past the lead once the
+ * receive it forwards is combined. */
+static inline int send_open(const braid_pipeline *p, size_t k)
+{
+    return k < p->sends && k - p->done_s < BRAID_PIPE_WINDOW &&
+           (k < p->send_lead || k - p->send_lead < p->combined);
 }
 
 static inline braid_status post_sends(braid_pipeline *p, int *moved)
 {
-    while (p->posted_s < p->sends && p->posted_s - p->done_s < BRAID_PIPE_WINDOW &&
-           (p->posted_s < p->send_lead || p->posted_s - p->send_lead < p->combined)) {
+    if (p->hooks->stage_send) {
+        while (send_open(p, p->staged_s)) {
+            BRAID_CHECK(p->hooks->stage_send(p, p->staged_s));
+            p->staged_s++;
+            *moved = 1;
+        }
+    }
+    while (p->hooks->stage_send ? p->posted_s < p->staged_s : send_open(p, p->posted_s)) {
+        const void *buf;
         size_t bytes;
-        const void *buf = p->hooks->send_item(p, p->posted_s, &bytes);
+        BRAID_CHECK(p->hooks->send_item(p, p->posted_s, &buf, &bytes));
+        if (!buf)
+            break;
         BRAID_CHECK(p->to_next->ops->isend(p->to_next, &p->send_reqs[p->posted_s % BRAID_PIPE_WINDOW], buf, bytes));
         p->posted_s++;
         *moved = 1;
@@ -78,8 +98,11 @@ static inline braid_status post_recvs(braid_pipeline *p, int *moved)
 {
     size_t freed = p->slot_forwarded ? p->done_s : p->combined;
     while (p->posted_r < p->recvs && p->posted_r - freed < (size_t)p->recv_slots) {
+        void *buf;
         size_t bytes;
-        void *buf = p->hooks->recv_item(p, p->posted_r, &bytes);
+        BRAID_CHECK(p->hooks->recv_item(p, p->posted_r, &buf, &bytes));
+        if (!buf)
+            break;
         BRAID_CHECK(
             p->from_prev->ops->irecv(p->from_prev, &p->recv_reqs[p->posted_r % BRAID_PIPE_WINDOW], buf, bytes));
         p->posted_r++;
@@ -103,7 +126,7 @@ static inline braid_status complete_recvs(braid_pipeline *p, int *moved)
             break;
         p->done_r++;
         *moved = 1;
-        combine_ready_items(p, moved);
+        BRAID_CHECK(combine_ready_items(p, moved));
     }
     return BRAID_OK;
 }
@@ -127,38 +150,46 @@ static inline braid_status complete_sends(braid_pipeline *p, int *moved)
         *moved = 1;
     }
     /* Combines held back until their partial was forwarded. */
-    combine_ready_items(p, moved);
-    return BRAID_OK;
+    return combine_ready_items(p, moved);
 }
 
-static inline int finished(const braid_pipeline *p)
+static inline int items_done(const braid_pipeline *p)
 {
     return p->fp_sent && p->fp_checked && p->back_done && p->combined == p->recvs && p->done_s == p->sends;
 }
 
 braid_status braid__pipeline_run(braid_pipeline *p)
 {
-    p->posted_s = p->done_s = p->posted_r = p->done_r = p->combined = 0;
+    const braid_pipeline_hooks *h = p->hooks;
+    p->staged_s = p->posted_s = p->done_s = p->posted_r = p->done_r = p->combined = 0;
     if (p->recv_slots < 1 || p->recv_slots > BRAID_PIPE_WINDOW)
         p->recv_slots = BRAID_PIPE_WINDOW;
-    if (!p->hooks->combine)
+    if (!h->combine)
         p->combine_lead = SIZE_MAX;
     BRAID_CHECK(connect_links(p));
     BRAID_CHECK(start_fingerprints(p));
-    int started = !p->hooks->started;
+    int started = !h->started;
     for (;;) {
-        int moved = 0;
+        int moved = 0, done = 1, waited = 0;
         BRAID_CHECK(post_sends(p, &moved));
         BRAID_CHECK(post_recvs(p, &moved));
         if (!started) {
-            p->hooks->started(p);
+            h->started(p);
             started = 1;
         }
         BRAID_CHECK(complete_recvs(p, &moved));
         BRAID_CHECK(complete_sends(p, &moved));
-        if (finished(p))
-            return BRAID_OK;
-        if (!moved)
+        if (items_done(p)) {
+            if (h->finish)
+                BRAID_CHECK(h->finish(p, &done));
+            if (done)
+                return BRAID_OK;
+        }
+        if (moved)
+            continue;
+        if (h->idle)
+            BRAID_CHECK(h->idle(p, &waited));
+        if (!waited)
             BRAID_CHECK(braid__algo_wait(p->run, p->conns, p->nconns,
                                          p->done_r < p->recvs || !p->fp_checked ? p->prev : p->next));
     }

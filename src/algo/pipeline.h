@@ -31,19 +31,35 @@
 
 typedef struct braid_pipeline braid_pipeline;
 
-/* Each hook is called once per item, in item order, so a schedule may walk
- * its items with a cursor. */
+/* Each item hook is called once per item, in item order, so a schedule may
+ * walk its items with a cursor; an error it returns ends the run. */
 typedef struct {
-    /* Buffer and length of send item k. */
-    const void *(*send_item)(braid_pipeline *p, size_t k, size_t *bytes);
-    /* Buffer and length receive item k lands in. */
-    void *(*recv_item)(braid_pipeline *p, size_t k, size_t *bytes);
+    /* Buffer and length of send item k. *buf NULL: not ready yet (asked
+     * again later, after the other work of this round). */
+    braid_status (*send_item)(braid_pipeline *p, size_t k, const void **buf, size_t *bytes);
+    /* Buffer and length receive item k lands in. *buf NULL: its slot is
+     * not free yet. */
+    braid_status (*recv_item)(braid_pipeline *p, size_t k, void **buf, size_t *bytes);
     /* Combine received item k with local data; NULL: received data is final. */
-    void (*combine)(braid_pipeline *p, size_t k);
+    braid_status (*combine)(braid_pipeline *p, size_t k);
     /* Optional: work to overlap with the first transfers, run once right
      * after the first items are posted. */
     void (*started)(braid_pipeline *p);
+
+    /* Optional, for data that passes through asynchronous stages (the
+     * device ring's copies and kernels, cuda/device_ring.c): */
+    /* Send k's gate opened: start producing its data (send_item then says
+     * when it is ready). Counted against the send window. */
+    braid_status (*stage_send)(braid_pipeline *p, size_t k);
+    /* Nothing moved: *waited = 1 after blocking on local work (a copy
+     * that a not-ready item waits for) instead of on the links. */
+    braid_status (*idle)(braid_pipeline *p, int *waited);
+    /* Every item is done: *done = 1 once whatever else must end first has
+     * (control messages, copies still running). */
+    braid_status (*finish)(braid_pipeline *p, int *done);
 } braid_pipeline_hooks;
+
+#define BRAID_PIPE_MAX_CONNS 4
 
 struct braid_pipeline {
     /* Set by the schedule. */
@@ -59,15 +75,18 @@ struct braid_pipeline {
     int fp;                    /* exchange call fingerprints first */
     int fp_back;               /* also backwards, on device links (the flat ring all-reduce) */
 
-    /* The engine's. */
-    braid_conn *to_next, *from_prev, *conns[2];
+    /* Links: the engine connects to next and prev, unless the schedule
+     * set nconns (and to_next, from_prev, conns: every link to wait on). */
+    braid_conn *to_next, *from_prev, *conns[BRAID_PIPE_MAX_CONNS];
     int nconns;
+
+    /* The engine's. */
     uint8_t fp_mine[BRAID_FP_BYTES];
     braid_req fp_send_req;
     braid_fp_back back;
     int fp_sent, fp_checked, back_done;
     braid_req recv_reqs[BRAID_PIPE_WINDOW], send_reqs[BRAID_PIPE_WINDOW];
-    size_t posted_s, done_s, posted_r, done_r, combined;
+    size_t staged_s, posted_s, done_s, posted_r, done_r, combined;
 };
 
 /* Run the pipeline to its end (or the call's failure). */

@@ -33,24 +33,26 @@ static void item_range(const layout *g, size_t k, int shift, int *block, size_t 
     *len = g->count - *off < g->elems_per_chunk ? g->count - *off : g->elems_per_chunk;
 }
 
-static const void *ag_send_item(braid_pipeline *p, size_t k, size_t *bytes)
+static braid_status ag_send_item(braid_pipeline *p, size_t k, const void **buf, size_t *bytes)
 {
     const layout *g = p->sched;
     int block;
     size_t off, len;
     item_range(g, k, 0, &block, &off, &len);
     *bytes = len * g->esize;
-    return k < g->chunks ? g->send + off * g->esize : g->recv + ((size_t)block * g->count + off) * g->esize;
+    *buf = k < g->chunks ? g->send + off * g->esize : g->recv + ((size_t)block * g->count + off) * g->esize;
+    return BRAID_OK;
 }
 
-static void *ag_recv_item(braid_pipeline *p, size_t k, size_t *bytes)
+static braid_status ag_recv_item(braid_pipeline *p, size_t k, void **buf, size_t *bytes)
 {
     const layout *g = p->sched;
     int block;
     size_t off, len;
     item_range(g, k, 1, &block, &off, &len);
     *bytes = len * g->esize;
-    return g->recv + ((size_t)block * g->count + off) * g->esize;
+    *buf = g->recv + ((size_t)block * g->count + off) * g->esize;
+    return BRAID_OK;
 }
 
 /* The own block's copy into recv, after the first sends are on their way,

@@ -79,35 +79,34 @@ typedef struct {
 
 /* Sends whose data is final: step 0 from the input, later steps from the
  * chunk just received into the output. */
-static const void *pass_send_item(braid_pipeline *p, size_t k, size_t *bytes)
+static braid_status pass_send_item(braid_pipeline *p, size_t k, const void **buf, size_t *bytes)
 {
     pass_sched *r = p->sched;
     size_t off, len;
     (void)k;
     braid__ring_cursor_range(&r->g, &r->post_s, &off, &len);
-    const uint8_t *src = (r->post_s.step == 0 ? r->send : r->recv) + off * r->esize;
+    *buf = (r->post_s.step == 0 ? r->send : r->recv) + off * r->esize;
     *bytes = len * r->esize;
     braid__ring_cursor_next(&r->g, &r->post_s);
-    return src;
+    return BRAID_OK;
 }
 
 /* Reduce-scatter chunks land in staging slots, all-gather chunks straight
  * in place. */
-static void *pass_recv_item(braid_pipeline *p, size_t k, size_t *bytes)
+static braid_status pass_recv_item(braid_pipeline *p, size_t k, void **buf, size_t *bytes)
 {
     pass_sched *r = p->sched;
     size_t off, len;
     braid__ring_cursor_range(&r->g, &r->post_r, &off, &len);
-    uint8_t *dst = r->post_r.step < r->g.n - 1 ? r->staging + (k % RECV_SLOTS) * r->slot_bytes
-                                                : r->recv + off * r->esize;
+    *buf = r->post_r.step < r->g.n - 1 ? r->staging + (k % RECV_SLOTS) * r->slot_bytes : r->recv + off * r->esize;
     *bytes = len * r->esize;
     braid__ring_cursor_next(&r->g, &r->post_r);
-    return dst;
+    return BRAID_OK;
 }
 
 /* Reduce-scatter chunks are reduced into the output (the segment's last
  * one with AVG's division). */
-static void pass_combine(braid_pipeline *p, size_t k)
+static braid_status pass_combine(braid_pipeline *p, size_t k)
 {
     pass_sched *r = p->sched;
     if (r->done_r.step < r->g.n - 1) {
@@ -123,6 +122,7 @@ static void pass_combine(braid_pipeline *p, size_t k)
             braid__reduce(coll->dtype, coll->op, dst, mine, slot, len);
     }
     braid__ring_cursor_next(&r->g, &r->done_r);
+    return BRAID_OK;
 }
 
 static const braid_pipeline_hooks pass_hooks = {

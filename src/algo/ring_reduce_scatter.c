@@ -46,27 +46,29 @@ static void item_range(const layout *g, size_t k, int shift, int *step, int *blo
 
 /* Step 0 sends the own input; later steps forward the partial that the
  * previous step's combine left in recv. */
-static const void *rs_send_item(braid_pipeline *p, size_t k, size_t *bytes)
+static braid_status rs_send_item(braid_pipeline *p, size_t k, const void **buf, size_t *bytes)
 {
     const layout *g = p->sched;
     int step, block;
     size_t off, len;
     item_range(g, k, 1, &step, &block, &off, &len);
     *bytes = len * g->esize;
-    return step == 0 ? g->send + ((size_t)block * g->count + off) * g->esize : g->recv + off * g->esize;
+    *buf = step == 0 ? g->send + ((size_t)block * g->count + off) * g->esize : g->recv + off * g->esize;
+    return BRAID_OK;
 }
 
-static void *rs_recv_item(braid_pipeline *p, size_t k, size_t *bytes)
+static braid_status rs_recv_item(braid_pipeline *p, size_t k, void **buf, size_t *bytes)
 {
     const layout *g = p->sched;
     int step, block;
     size_t off, len;
     item_range(g, k, 2, &step, &block, &off, &len);
     *bytes = len * g->esize;
-    return g->staging + (k % RECV_SLOTS) * g->slot_bytes;
+    *buf = g->staging + (k % RECV_SLOTS) * g->slot_bytes;
+    return BRAID_OK;
 }
 
-static void rs_combine(braid_pipeline *p, size_t k)
+static braid_status rs_combine(braid_pipeline *p, size_t k)
 {
     const layout *g = p->sched;
     const braid_coll *coll = p->run->coll;
@@ -81,6 +83,7 @@ static void rs_combine(braid_pipeline *p, size_t k)
         braid__reduce_final(coll->dtype, coll->op, dst, mine, slot, len, g->n);
     else
         braid__reduce(coll->dtype, coll->op, dst, mine, slot, len);
+    return BRAID_OK;
 }
 
 static const braid_pipeline_hooks rs_hooks = {
