@@ -114,8 +114,8 @@ static void make_pair(braid_conn **tx, braid_conn **rx, int wrap_tx)
     int sv[2];
     ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
     braid_tcp_conn *a, *b;
-    ck_assert_int_eq(braid_tcp_conn_create(0, 1, 1, &sv[0], "test-tx", &a), BRAID_OK);
-    ck_assert_int_eq(braid_tcp_conn_create(1, 0, 1, &sv[1], "test-rx", &b), BRAID_OK);
+    ck_assert_int_eq(braid__tcp_conn_create(0, 1, 1, &sv[0], "test-tx", &a), BRAID_OK);
+    ck_assert_int_eq(braid__tcp_conn_create(1, 0, 1, &sv[1], "test-rx", &b), BRAID_OK);
     *tx = &a->base;
     *rx = &b->base;
     ck_assert_int_eq(braid__checksum_wrap(1, rx), BRAID_OK);

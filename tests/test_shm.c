@@ -564,7 +564,7 @@ static int free_mid_send(braid_conn *c, void *arg)
         return 4;
     int in_place = r.tp[2] != 0; /* REQ_CMA: the header carries our address */
     if (a->close_first) {
-        braid_shm_conn *sc = braid_shm_conn_of(c);
+        braid_shm_conn *sc = braid__shm_conn_of(c);
         close(sc->sock);
         sc->sock = -1; /* the harness's close of the connection skips it */
     }

@@ -309,7 +309,7 @@ START_TEST(stripe_layout)
             size_t next = 0, used = 0;
             for (int k = 0; k < n; k++) {
                 size_t off, len;
-                braid_tcp_stripe(lens[i], n, k, &off, &len);
+                braid__tcp_stripe(lens[i], n, k, &off, &len);
                 if (len) {
                     ck_assert_uint_eq(off, next); /* contiguous, in socket order */
                     next = off + len;

@@ -351,7 +351,7 @@ END_TEST
  * sign that a send went zero-copy). */
 static uint64_t cache_hits(braid_conn *c)
 {
-    braid_verbs_dev *dev = braid_verbs_conn_of(c)->dev;
+    braid_verbs_dev *dev = braid__verbs_conn_of(c)->dev;
     pthread_mutex_lock(&dev->mu);
     uint64_t hits = dev->cache.stats.hits;
     pthread_mutex_unlock(&dev->mu);

@@ -49,8 +49,8 @@ START_TEST(imm_data_round_trip)
         for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
             braid_verbs_imm d;
             char why[128];
-            uint32_t imm = braid_verbs_imm_data(slot, lens[i], 1);
-            ck_assert_int_eq(braid_verbs_imm_decode(imm, nslots, slot_bytes, &d, why, sizeof(why)), BRAID_OK);
+            uint32_t imm = braid__verbs_imm_data(slot, lens[i], 1);
+            ck_assert_int_eq(braid__verbs_imm_decode(imm, nslots, slot_bytes, &d, why, sizeof(why)), BRAID_OK);
             ck_assert_int_eq(d.kind, BRAID_VERBS_IMM_DATA);
             ck_assert_uint_eq(d.slot, slot);
             ck_assert_uint_eq(d.len, lens[i]);
@@ -58,8 +58,8 @@ START_TEST(imm_data_round_trip)
         }
         /* Non-final chunks are exactly one slot. */
         braid_verbs_imm d;
-        uint32_t imm = braid_verbs_imm_data(slot, slot_bytes, 0);
-        ck_assert_int_eq(braid_verbs_imm_decode(imm, nslots, slot_bytes, &d, NULL, 0), BRAID_OK);
+        uint32_t imm = braid__verbs_imm_data(slot, slot_bytes, 0);
+        ck_assert_int_eq(braid__verbs_imm_decode(imm, nslots, slot_bytes, &d, NULL, 0), BRAID_OK);
         ck_assert_uint_eq(d.len, slot_bytes);
         ck_assert_int_eq(d.last, 0);
     }
@@ -70,11 +70,11 @@ START_TEST(imm_control_round_trip)
 {
     braid_verbs_imm d;
     for (uint32_t n = 1; n <= BRAID_VERBS_MAX_SLOTS; n++) {
-        ck_assert_int_eq(braid_verbs_imm_decode(braid_verbs_imm_credit(n), 8, 4096, &d, NULL, 0), BRAID_OK);
+        ck_assert_int_eq(braid__verbs_imm_decode(braid__verbs_imm_credit(n), 8, 4096, &d, NULL, 0), BRAID_OK);
         ck_assert_int_eq(d.kind, BRAID_VERBS_IMM_CREDIT);
         ck_assert_uint_eq(d.credits, n);
     }
-    ck_assert_int_eq(braid_verbs_imm_decode(braid_verbs_imm_close(), 8, 4096, &d, NULL, 0), BRAID_OK);
+    ck_assert_int_eq(braid__verbs_imm_decode(braid__verbs_imm_close(), 8, 4096, &d, NULL, 0), BRAID_OK);
     ck_assert_int_eq(d.kind, BRAID_VERBS_IMM_CLOSE);
 }
 END_TEST
@@ -83,21 +83,21 @@ static void expect_reject(uint32_t imm, uint32_t nslots, uint32_t slot_bytes, co
 {
     braid_verbs_imm d;
     char why[160] = "";
-    ck_assert_int_eq(braid_verbs_imm_decode(imm, nslots, slot_bytes, &d, why, sizeof(why)), BRAID_ERR_PEER);
+    ck_assert_int_eq(braid__verbs_imm_decode(imm, nslots, slot_bytes, &d, why, sizeof(why)), BRAID_ERR_PEER);
     ck_assert_msg(strstr(why, needle) != NULL, "reason '%s' lacks '%s'", why, needle);
 }
 
 START_TEST(imm_rejects)
 {
     expect_reject(0xC0000000u, 8, 4096, "reserved");
-    expect_reject(braid_verbs_imm_data(8, 10, 1), 8, 4096, "slot 8");
-    expect_reject(braid_verbs_imm_data(255, 10, 1), 8, 4096, "slot 255");
-    expect_reject(braid_verbs_imm_data(0, 4097, 1), 8, 4096, "4097 bytes");
-    expect_reject(braid_verbs_imm_data(0, 4095, 0), 8, 4096, "non-final");
-    expect_reject(braid_verbs_imm_data(0, 0, 0), 8, 4096, "non-final");
-    expect_reject(braid_verbs_imm_credit(0), 8, 4096, "0 credits");
-    expect_reject(braid_verbs_imm_credit(BRAID_VERBS_MAX_SLOTS + 1), 8, 4096, "credits");
-    expect_reject(braid_verbs_imm_close() | 1u, 8, 4096, "payload");
+    expect_reject(braid__verbs_imm_data(8, 10, 1), 8, 4096, "slot 8");
+    expect_reject(braid__verbs_imm_data(255, 10, 1), 8, 4096, "slot 255");
+    expect_reject(braid__verbs_imm_data(0, 4097, 1), 8, 4096, "4097 bytes");
+    expect_reject(braid__verbs_imm_data(0, 4095, 0), 8, 4096, "non-final");
+    expect_reject(braid__verbs_imm_data(0, 0, 0), 8, 4096, "non-final");
+    expect_reject(braid__verbs_imm_credit(0), 8, 4096, "0 credits");
+    expect_reject(braid__verbs_imm_credit(BRAID_VERBS_MAX_SLOTS + 1), 8, 4096, "credits");
+    expect_reject(braid__verbs_imm_close() | 1u, 8, 4096, "payload");
 }
 END_TEST
 
@@ -110,21 +110,21 @@ START_TEST(imm_fuzz)
     for (int i = 0; i < 2000000; i++) {
         uint32_t imm = (uint32_t)rng();
         braid_verbs_imm d;
-        if (braid_verbs_imm_decode(imm, nslots, slot_bytes, &d, NULL, 0) != BRAID_OK)
+        if (braid__verbs_imm_decode(imm, nslots, slot_bytes, &d, NULL, 0) != BRAID_OK)
             continue;
         uint32_t again = 0;
         switch (d.kind) {
         case BRAID_VERBS_IMM_DATA:
             ck_assert_uint_lt(d.slot, nslots);
             ck_assert_uint_le(d.len, slot_bytes);
-            again = braid_verbs_imm_data(d.slot, d.len, d.last);
+            again = braid__verbs_imm_data(d.slot, d.len, d.last);
             break;
         case BRAID_VERBS_IMM_CREDIT:
             ck_assert_uint_ge(d.credits, 1);
-            again = braid_verbs_imm_credit(d.credits);
+            again = braid__verbs_imm_credit(d.credits);
             break;
         case BRAID_VERBS_IMM_CLOSE:
-            again = braid_verbs_imm_close();
+            again = braid__verbs_imm_close();
             break;
         }
         ck_assert_uint_eq(again, imm);
@@ -136,18 +136,18 @@ END_TEST
 
 static void check_chunks(size_t len, uint32_t slot)
 {
-    uint64_t n = braid_verbs_chunk_count(len, slot);
+    uint64_t n = braid__verbs_chunk_count(len, slot);
     ck_assert_uint_ge(n, 1);
     if (len > (size_t)1 << 40) {
         /* Too many to walk: check the ends only. */
         size_t off;
         uint32_t clen;
         int last;
-        braid_verbs_chunk_at(len, slot, 0, &off, &clen, &last);
+        braid__verbs_chunk_at(len, slot, 0, &off, &clen, &last);
         ck_assert_uint_eq(off, 0);
         ck_assert_uint_eq(clen, slot);
         ck_assert_int_eq(last, 0);
-        braid_verbs_chunk_at(len, slot, n - 1, &off, &clen, &last);
+        braid__verbs_chunk_at(len, slot, n - 1, &off, &clen, &last);
         ck_assert_int_eq(last, 1);
         ck_assert_uint_eq(off + clen, len);
         ck_assert_uint_ge(clen, 1);
@@ -158,7 +158,7 @@ static void check_chunks(size_t len, uint32_t slot)
         size_t off;
         uint32_t clen;
         int last;
-        braid_verbs_chunk_at(len, slot, i, &off, &clen, &last);
+        braid__verbs_chunk_at(len, slot, i, &off, &clen, &last);
         ck_assert_uint_eq(off, total);
         ck_assert_int_eq(last, i + 1 == n);
         if (!last)
@@ -173,17 +173,17 @@ static void check_chunks(size_t len, uint32_t slot)
 START_TEST(chunk_sizes)
 {
     const uint32_t slot = 4096;
-    ck_assert_uint_eq(braid_verbs_chunk_count(0, slot), 1);
-    ck_assert_uint_eq(braid_verbs_chunk_count(1, slot), 1);
-    ck_assert_uint_eq(braid_verbs_chunk_count(slot - 1, slot), 1);
-    ck_assert_uint_eq(braid_verbs_chunk_count(slot, slot), 1);
-    ck_assert_uint_eq(braid_verbs_chunk_count(slot + 1, slot), 2);
-    ck_assert_uint_eq(braid_verbs_chunk_count(2 * slot, slot), 2);
-    ck_assert_uint_eq(braid_verbs_chunk_count(SIZE_MAX, slot), SIZE_MAX / slot + 1);
+    ck_assert_uint_eq(braid__verbs_chunk_count(0, slot), 1);
+    ck_assert_uint_eq(braid__verbs_chunk_count(1, slot), 1);
+    ck_assert_uint_eq(braid__verbs_chunk_count(slot - 1, slot), 1);
+    ck_assert_uint_eq(braid__verbs_chunk_count(slot, slot), 1);
+    ck_assert_uint_eq(braid__verbs_chunk_count(slot + 1, slot), 2);
+    ck_assert_uint_eq(braid__verbs_chunk_count(2 * slot, slot), 2);
+    ck_assert_uint_eq(braid__verbs_chunk_count(SIZE_MAX, slot), SIZE_MAX / slot + 1);
     size_t off;
     uint32_t clen;
     int last;
-    braid_verbs_chunk_at(0, slot, 0, &off, &clen, &last);
+    braid__verbs_chunk_at(0, slot, 0, &off, &clen, &last);
     ck_assert_uint_eq(clen, 0);
     ck_assert_int_eq(last, 1);
     const size_t sizes[] = {0,
@@ -214,16 +214,16 @@ START_TEST(window_random_schedules)
         uint32_t window = 1 + rng_below(nslots);
         braid_verbs_tx tx;
         braid_verbs_rx rx;
-        braid_verbs_tx_init(&tx, window);
-        braid_verbs_rx_init(&rx, nslots);
+        braid__verbs_tx_init(&tx, window);
+        braid__verbs_rx_init(&rx, nslots);
         /* In flight: chunks posted but not arrived, credits sent but not
          * received, completions not yet polled. */
         uint64_t wire = 0, credits_wire = 0, unpolled = 0;
         for (int step = 0; step < 20000; step++) {
             switch (rng_below(5)) {
             case 0:
-                if (braid_verbs_tx_can_post(&tx)) {
-                    braid_verbs_tx_post(&tx);
+                if (braid__verbs_tx_can_post(&tx)) {
+                    braid__verbs_tx_post(&tx);
                     wire++;
                 }
                 break;
@@ -231,7 +231,7 @@ START_TEST(window_random_schedules)
                 if (wire) {
                     uint32_t slot = (uint32_t)((tx.posted - wire) % nslots);
                     char why[128];
-                    if (braid_verbs_rx_arrive(&rx, slot, why, sizeof(why)) != BRAID_OK)
+                    if (braid__verbs_rx_arrive(&rx, slot, why, sizeof(why)) != BRAID_OK)
                         ck_abort_msg("%s", why);
                     wire--;
                     unpolled++;
@@ -239,17 +239,17 @@ START_TEST(window_random_schedules)
                 break;
             case 2:
                 if (rx.consumed < rx.arrived)
-                    braid_verbs_rx_consume(&rx);
+                    braid__verbs_rx_consume(&rx);
                 break;
             case 3: {
-                uint32_t n = braid_verbs_rx_credits_due(&rx);
+                uint32_t n = braid__verbs_rx_credits_due(&rx);
                 if (n) {
-                    braid_verbs_rx_returned(&rx, n);
+                    braid__verbs_rx_returned(&rx, n);
                     credits_wire += n;
                 }
                 if (credits_wire && rng_below(2)) {
                     uint32_t take = credits_wire > 300 ? 300 : (uint32_t)credits_wire;
-                    if (braid_verbs_tx_credit(&tx, take) != BRAID_OK)
+                    if (braid__verbs_tx_credit(&tx, take) != BRAID_OK)
                         ck_abort_msg("credit of %u refused: %s", take, braid_last_error());
                     credits_wire -= take;
                 }
@@ -257,7 +257,7 @@ START_TEST(window_random_schedules)
             }
             case 4:
                 if (unpolled) {
-                    if (braid_verbs_tx_complete(&tx) != BRAID_OK)
+                    if (braid__verbs_tx_complete(&tx) != BRAID_OK)
                         ck_abort_msg("completion refused: %s", braid_last_error());
                     unpolled--;
                 }
@@ -282,30 +282,30 @@ END_TEST
 START_TEST(window_rejects)
 {
     braid_verbs_tx tx;
-    braid_verbs_tx_init(&tx, 4);
-    ck_assert_int_eq(braid_verbs_tx_credit(&tx, 1), BRAID_ERR_PEER); /* nothing posted */
-    ck_assert_int_eq(braid_verbs_tx_complete(&tx), BRAID_ERR_INTERNAL);
+    braid__verbs_tx_init(&tx, 4);
+    ck_assert_int_eq(braid__verbs_tx_credit(&tx, 1), BRAID_ERR_PEER); /* nothing posted */
+    ck_assert_int_eq(braid__verbs_tx_complete(&tx), BRAID_ERR_INTERNAL);
     for (int i = 0; i < 4; i++) {
-        ck_assert(braid_verbs_tx_can_post(&tx));
-        braid_verbs_tx_post(&tx);
+        ck_assert(braid__verbs_tx_can_post(&tx));
+        braid__verbs_tx_post(&tx);
     }
-    ck_assert(!braid_verbs_tx_can_post(&tx));
-    ck_assert_int_eq(braid_verbs_tx_credit(&tx, 5), BRAID_ERR_PEER);
-    ck_assert_int_eq(braid_verbs_tx_credit(&tx, 4), BRAID_OK);
-    ck_assert(!braid_verbs_tx_can_post(&tx)); /* completions still due: staging slots busy */
+    ck_assert(!braid__verbs_tx_can_post(&tx));
+    ck_assert_int_eq(braid__verbs_tx_credit(&tx, 5), BRAID_ERR_PEER);
+    ck_assert_int_eq(braid__verbs_tx_credit(&tx, 4), BRAID_OK);
+    ck_assert(!braid__verbs_tx_can_post(&tx)); /* completions still due: staging slots busy */
     for (int i = 0; i < 4; i++)
-        ck_assert_int_eq(braid_verbs_tx_complete(&tx), BRAID_OK);
-    ck_assert(braid_verbs_tx_can_post(&tx));
+        ck_assert_int_eq(braid__verbs_tx_complete(&tx), BRAID_OK);
+    ck_assert(braid__verbs_tx_can_post(&tx));
 
     braid_verbs_rx rx;
     char why[128];
-    braid_verbs_rx_init(&rx, 4);
-    ck_assert_int_eq(braid_verbs_rx_arrive(&rx, 1, why, sizeof(why)), BRAID_ERR_PEER);
+    braid__verbs_rx_init(&rx, 4);
+    ck_assert_int_eq(braid__verbs_rx_arrive(&rx, 1, why, sizeof(why)), BRAID_ERR_PEER);
     ck_assert_ptr_nonnull(strstr(why, "expected slot 0"));
     for (uint32_t i = 0; i < 4; i++)
-        ck_assert_int_eq(braid_verbs_rx_arrive(&rx, i, why, sizeof(why)), BRAID_OK);
+        ck_assert_int_eq(braid__verbs_rx_arrive(&rx, i, why, sizeof(why)), BRAID_OK);
     /* A fifth chunk before any credit went back overruns the window. */
-    ck_assert_int_eq(braid_verbs_rx_arrive(&rx, 0, why, sizeof(why)), BRAID_ERR_PEER);
+    ck_assert_int_eq(braid__verbs_rx_arrive(&rx, 0, why, sizeof(why)), BRAID_ERR_PEER);
     ck_assert_ptr_nonnull(strstr(why, "overran"));
 }
 END_TEST
@@ -314,28 +314,28 @@ START_TEST(window_credit_batching)
 {
     braid_verbs_rx rx;
     char why[64];
-    braid_verbs_rx_init(&rx, 16); /* batch 4 */
+    braid__verbs_rx_init(&rx, 16); /* batch 4 */
     ck_assert_uint_eq(rx.batch, 4);
     for (uint32_t i = 0; i < 8; i++)
-        ck_assert_int_eq(braid_verbs_rx_arrive(&rx, i, why, sizeof(why)), BRAID_OK);
-    ck_assert_uint_eq(braid_verbs_rx_credits_due(&rx), 0);
-    braid_verbs_rx_consume(&rx);
-    braid_verbs_rx_consume(&rx);
-    ck_assert_uint_eq(braid_verbs_rx_credits_due(&rx), 0); /* 2 < batch, more arrived unconsumed */
-    braid_verbs_rx_consume(&rx);
-    braid_verbs_rx_consume(&rx);
-    ck_assert_uint_eq(braid_verbs_rx_credits_due(&rx), 4);
-    braid_verbs_rx_returned(&rx, 4);
+        ck_assert_int_eq(braid__verbs_rx_arrive(&rx, i, why, sizeof(why)), BRAID_OK);
+    ck_assert_uint_eq(braid__verbs_rx_credits_due(&rx), 0);
+    braid__verbs_rx_consume(&rx);
+    braid__verbs_rx_consume(&rx);
+    ck_assert_uint_eq(braid__verbs_rx_credits_due(&rx), 0); /* 2 < batch, more arrived unconsumed */
+    braid__verbs_rx_consume(&rx);
+    braid__verbs_rx_consume(&rx);
+    ck_assert_uint_eq(braid__verbs_rx_credits_due(&rx), 4);
+    braid__verbs_rx_returned(&rx, 4);
     for (int i = 0; i < 4; i++)
-        braid_verbs_rx_consume(&rx);
+        braid__verbs_rx_consume(&rx);
     /* Caught up: everything owed goes back even below a batch... */
-    ck_assert_uint_eq(braid_verbs_rx_credits_due(&rx), 4);
-    braid_verbs_rx_returned(&rx, 4);
-    ck_assert_int_eq(braid_verbs_rx_arrive(&rx, 8, why, sizeof(why)), BRAID_OK);
-    braid_verbs_rx_consume(&rx);
-    ck_assert_uint_eq(braid_verbs_rx_credits_due(&rx), 1);
+    ck_assert_uint_eq(braid__verbs_rx_credits_due(&rx), 4);
+    braid__verbs_rx_returned(&rx, 4);
+    ck_assert_int_eq(braid__verbs_rx_arrive(&rx, 8, why, sizeof(why)), BRAID_OK);
+    braid__verbs_rx_consume(&rx);
+    ck_assert_uint_eq(braid__verbs_rx_credits_due(&rx), 1);
     /* ...and a one-slot ring returns every credit at once. */
-    braid_verbs_rx_init(&rx, 1);
+    braid__verbs_rx_init(&rx, 1);
     ck_assert_uint_eq(rx.batch, 1);
 }
 END_TEST
@@ -366,9 +366,9 @@ START_TEST(info_round_trip)
 {
     braid_verbs_info in = sample_info(), out;
     uint8_t buf[BRAID_VERBS_INFO_BYTES];
-    braid_verbs_info_encode(&in, buf);
+    braid__verbs_info_encode(&in, buf);
     char why[128];
-    ck_assert_int_eq(braid_verbs_info_decode(buf, sizeof(buf), &out, why, sizeof(why)), BRAID_OK);
+    ck_assert_int_eq(braid__verbs_info_decode(buf, sizeof(buf), &out, why, sizeof(why)), BRAID_OK);
     ck_assert_uint_eq(out.link_layer, in.link_layer);
     ck_assert_uint_eq(out.mtu, in.mtu);
     ck_assert_uint_eq(out.qpn, in.qpn);
@@ -393,8 +393,8 @@ static void info_expect_reject(const braid_verbs_info *info, const char *needle)
     uint8_t buf[BRAID_VERBS_INFO_BYTES];
     braid_verbs_info out;
     char why[160] = "";
-    braid_verbs_info_encode(info, buf);
-    ck_assert_int_eq(braid_verbs_info_decode(buf, sizeof(buf), &out, why, sizeof(why)), BRAID_ERR_PEER);
+    braid__verbs_info_encode(info, buf);
+    ck_assert_int_eq(braid__verbs_info_decode(buf, sizeof(buf), &out, why, sizeof(why)), BRAID_ERR_PEER);
     ck_assert_msg(strstr(why, needle) != NULL, "reason '%s' lacks '%s'", why, needle);
 }
 
@@ -450,24 +450,24 @@ START_TEST(info_rejects)
     i.lid = 7;
     uint8_t buf[BRAID_VERBS_INFO_BYTES];
     braid_verbs_info out;
-    braid_verbs_info_encode(&i, buf);
-    ck_assert_int_eq(braid_verbs_info_decode(buf, sizeof(buf), &out, NULL, 0), BRAID_OK);
+    braid__verbs_info_encode(&i, buf);
+    ck_assert_int_eq(braid__verbs_info_decode(buf, sizeof(buf), &out, NULL, 0), BRAID_OK);
 
     char why[160];
     i = sample_info();
-    braid_verbs_info_encode(&i, buf);
-    ck_assert_int_eq(braid_verbs_info_decode(buf, sizeof(buf) - 1, &out, why, sizeof(why)), BRAID_ERR_PEER);
+    braid__verbs_info_encode(&i, buf);
+    ck_assert_int_eq(braid__verbs_info_decode(buf, sizeof(buf) - 1, &out, why, sizeof(why)), BRAID_ERR_PEER);
     ck_assert_ptr_nonnull(strstr(why, "63 bytes"));
     buf[0] = 'X';
-    ck_assert_int_eq(braid_verbs_info_decode(buf, sizeof(buf), &out, why, sizeof(why)), BRAID_ERR_PEER);
+    ck_assert_int_eq(braid__verbs_info_decode(buf, sizeof(buf), &out, why, sizeof(why)), BRAID_ERR_PEER);
     ck_assert_ptr_nonnull(strstr(why, "magic"));
-    braid_verbs_info_encode(&i, buf);
+    braid__verbs_info_encode(&i, buf);
     buf[4] = 2;
-    ck_assert_int_eq(braid_verbs_info_decode(buf, sizeof(buf), &out, why, sizeof(why)), BRAID_ERR_PEER);
+    ck_assert_int_eq(braid__verbs_info_decode(buf, sizeof(buf), &out, why, sizeof(why)), BRAID_ERR_PEER);
     ck_assert_ptr_nonnull(strstr(why, "version 2"));
-    braid_verbs_info_encode(&i, buf);
+    braid__verbs_info_encode(&i, buf);
     buf[63] = 1;
-    ck_assert_int_eq(braid_verbs_info_decode(buf, sizeof(buf), &out, why, sizeof(why)), BRAID_ERR_PEER);
+    ck_assert_int_eq(braid__verbs_info_decode(buf, sizeof(buf), &out, why, sizeof(why)), BRAID_ERR_PEER);
     ck_assert_ptr_nonnull(strstr(why, "reserved"));
 }
 END_TEST
@@ -479,7 +479,7 @@ START_TEST(info_fuzz)
     rng_seed(7);
     braid_verbs_info base = sample_info(), out;
     uint8_t good[BRAID_VERBS_INFO_BYTES], buf[BRAID_VERBS_INFO_BYTES], again[BRAID_VERBS_INFO_BYTES];
-    braid_verbs_info_encode(&base, good);
+    braid__verbs_info_encode(&base, good);
     for (int i = 0; i < 200000; i++) {
         memcpy(buf, good, sizeof(buf));
         int flips = 1 + (int)rng_below(4);
@@ -489,9 +489,9 @@ START_TEST(info_fuzz)
             for (size_t k = 4; k < sizeof(buf); k++)
                 buf[k] = (uint8_t)rng();
         size_t len = i % 97 == 0 ? rng_below(sizeof(buf) + 1) : sizeof(buf);
-        if (braid_verbs_info_decode(buf, len, &out, NULL, 0) != BRAID_OK)
+        if (braid__verbs_info_decode(buf, len, &out, NULL, 0) != BRAID_OK)
             continue;
-        braid_verbs_info_encode(&out, again);
+        braid__verbs_info_encode(&out, again);
         ck_assert_mem_eq(again, buf, sizeof(buf));
     }
 }
@@ -499,11 +499,11 @@ END_TEST
 
 START_TEST(mtu_codes)
 {
-    ck_assert_uint_eq(braid_verbs_mtu_bytes(0), 0);
-    ck_assert_uint_eq(braid_verbs_mtu_bytes(1), 256);
-    ck_assert_uint_eq(braid_verbs_mtu_bytes(3), 1024);
-    ck_assert_uint_eq(braid_verbs_mtu_bytes(5), 4096);
-    ck_assert_uint_eq(braid_verbs_mtu_bytes(6), 0);
+    ck_assert_uint_eq(braid__verbs_mtu_bytes(0), 0);
+    ck_assert_uint_eq(braid__verbs_mtu_bytes(1), 256);
+    ck_assert_uint_eq(braid__verbs_mtu_bytes(3), 1024);
+    ck_assert_uint_eq(braid__verbs_mtu_bytes(5), 4096);
+    ck_assert_uint_eq(braid__verbs_mtu_bytes(6), 0);
 }
 END_TEST
 
@@ -514,11 +514,11 @@ START_TEST(hca_parse_ok)
     braid_verbs_hca h[BRAID_VERBS_HCA_MAX];
     int n;
     char why[160];
-    ck_assert_int_eq(braid_verbs_hca_parse("mlx5_0", h, BRAID_VERBS_HCA_MAX, &n, why, sizeof(why)), BRAID_OK);
+    ck_assert_int_eq(braid__verbs_hca_parse("mlx5_0", h, BRAID_VERBS_HCA_MAX, &n, why, sizeof(why)), BRAID_OK);
     ck_assert_int_eq(n, 1);
     ck_assert_str_eq(h[0].name, "mlx5_0");
     ck_assert_int_eq(h[0].port, 0);
-    ck_assert_int_eq(braid_verbs_hca_parse("mlx5_0:2,rxe0, mlx5_3:1", h, BRAID_VERBS_HCA_MAX, &n, why, sizeof(why)),
+    ck_assert_int_eq(braid__verbs_hca_parse("mlx5_0:2,rxe0, mlx5_3:1", h, BRAID_VERBS_HCA_MAX, &n, why, sizeof(why)),
                      BRAID_OK);
     ck_assert_int_eq(n, 3);
     ck_assert_str_eq(h[0].name, "mlx5_0");
@@ -527,7 +527,7 @@ START_TEST(hca_parse_ok)
     ck_assert_int_eq(h[1].port, 0);
     ck_assert_str_eq(h[2].name, "mlx5_3");
     ck_assert_int_eq(h[2].port, 1);
-    ck_assert_int_eq(braid_verbs_hca_parse("a:255", h, BRAID_VERBS_HCA_MAX, &n, why, sizeof(why)), BRAID_OK);
+    ck_assert_int_eq(braid__verbs_hca_parse("a:255", h, BRAID_VERBS_HCA_MAX, &n, why, sizeof(why)), BRAID_OK);
     ck_assert_int_eq(h[0].port, 255);
 }
 END_TEST
@@ -551,7 +551,7 @@ START_TEST(hca_parse_rejects)
         braid_verbs_hca h[BRAID_VERBS_HCA_MAX];
         int n = -1;
         char why[200] = "";
-        ck_assert_msg(braid_verbs_hca_parse(bad[i], h, BRAID_VERBS_HCA_MAX, &n, why, sizeof(why)) ==
+        ck_assert_msg(braid__verbs_hca_parse(bad[i], h, BRAID_VERBS_HCA_MAX, &n, why, sizeof(why)) ==
                           BRAID_ERR_INVALID_ARG,
                       "'%s' accepted", bad[i]);
         ck_assert_ptr_nonnull(strstr(why, "BRAID_IB_HCA"));
@@ -560,7 +560,7 @@ START_TEST(hca_parse_rejects)
     braid_verbs_hca h[2];
     int n;
     char why[200];
-    ck_assert_int_eq(braid_verbs_hca_parse("a,b,c", h, 2, &n, why, sizeof(why)), BRAID_ERR_INVALID_ARG);
+    ck_assert_int_eq(braid__verbs_hca_parse("a,b,c", h, 2, &n, why, sizeof(why)), BRAID_ERR_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(why, "more than 2"));
 }
 END_TEST
@@ -600,14 +600,14 @@ START_TEST(gid_pick_order)
     t[4] = BRAID_VERBS_GID_ROCE_V2;
     set_gid(g[5], "zero", 0);
     t[5] = BRAID_VERBS_GID_ROCE_V2;
-    ck_assert_int_eq(braid_verbs_gid_pick((const uint8_t(*)[16])g, t, present, 6), 4);
+    ck_assert_int_eq(braid__verbs_gid_pick((const uint8_t(*)[16])g, t, present, 6), 4);
     present[4] = 0; /* unreadable entry */
-    ck_assert_int_eq(braid_verbs_gid_pick((const uint8_t(*)[16])g, t, present, 6), 3);
+    ck_assert_int_eq(braid__verbs_gid_pick((const uint8_t(*)[16])g, t, present, 6), 3);
     present[3] = 0;
-    ck_assert_int_eq(braid_verbs_gid_pick((const uint8_t(*)[16])g, t, present, 6), 1);
+    ck_assert_int_eq(braid__verbs_gid_pick((const uint8_t(*)[16])g, t, present, 6), 1);
     present[1] = 0;
-    ck_assert_int_eq(braid_verbs_gid_pick((const uint8_t(*)[16])g, t, present, 6), -1); /* only v1 / zero */
-    ck_assert_int_eq(braid_verbs_gid_pick((const uint8_t(*)[16])g, t, present, 0), -1);
+    ck_assert_int_eq(braid__verbs_gid_pick((const uint8_t(*)[16])g, t, present, 6), -1); /* only v1 / zero */
+    ck_assert_int_eq(braid__verbs_gid_pick((const uint8_t(*)[16])g, t, present, 0), -1);
 }
 END_TEST
 
@@ -669,12 +669,12 @@ static void cache_init(braid_verbs_regcache *rc, size_t max_regions, size_t max_
                                     .page_bytes = 4096,
                                     .max_regions = max_regions,
                                     .max_bytes = max_bytes};
-    ck_assert_int_eq(braid_verbs_regcache_init(rc, &cfg), 0);
+    ck_assert_int_eq(braid__verbs_regcache_init(rc, &cfg), 0);
 }
 
 static void cache_done(braid_verbs_regcache *rc)
 {
-    ck_assert_uint_eq(braid_verbs_regcache_fini(rc), 0);
+    ck_assert_uint_eq(braid__verbs_regcache_fini(rc), 0);
     ck_assert_int_eq(fake->live, 0);
     free(fake);
 }
@@ -686,33 +686,33 @@ START_TEST(cache_hit_miss)
     braid_verbs_regcache rc;
     cache_init(&rc, 16, SIZE_MAX);
     braid_verbs_region *r1, *r2, *r3;
-    ck_assert_int_eq(braid_verbs_regcache_acquire(&rc, A(0x10010), 100, 1, &r1), 0);
+    ck_assert_int_eq(braid__verbs_regcache_acquire(&rc, A(0x10010), 100, 1, &r1), 0);
     ck_assert_uint_eq(rc.stats.misses, 1);
     ck_assert_uint_eq(r1->start, 0x10000); /* page-aligned */
     ck_assert_uint_eq(r1->end, 0x11000);
     ck_assert_uint_eq(r1->lkey, 1000);
     /* Same page, other buffer: a hit on the same region. */
-    ck_assert_int_eq(braid_verbs_regcache_acquire(&rc, A(0x10800), 0x800, 0, &r2), 0);
+    ck_assert_int_eq(braid__verbs_regcache_acquire(&rc, A(0x10800), 0x800, 0, &r2), 0);
     ck_assert_ptr_eq(r1, r2);
     ck_assert_uint_eq(rc.stats.hits, 1);
     ck_assert_int_eq(r1->refs, 2);
     /* Past the page: lookup-only misses, creating registers. */
-    ck_assert_int_eq(braid_verbs_regcache_acquire(&rc, A(0x10800), 0x801, 0, &r3), ENOENT);
-    ck_assert_int_eq(braid_verbs_regcache_acquire(&rc, A(0x20000), 1, 0, &r3), ENOENT);
-    ck_assert_int_eq(braid_verbs_regcache_acquire(&rc, A(0x20000), 1, 1, &r3), 0);
+    ck_assert_int_eq(braid__verbs_regcache_acquire(&rc, A(0x10800), 0x801, 0, &r3), ENOENT);
+    ck_assert_int_eq(braid__verbs_regcache_acquire(&rc, A(0x20000), 1, 0, &r3), ENOENT);
+    ck_assert_int_eq(braid__verbs_regcache_acquire(&rc, A(0x20000), 1, 1, &r3), 0);
     ck_assert_ptr_ne(r3, r1);
     ck_assert_uint_eq(rc.count, 2);
-    braid_verbs_regcache_release(&rc, r1);
-    braid_verbs_regcache_release(&rc, r2);
-    braid_verbs_regcache_release(&rc, r3);
+    braid__verbs_regcache_release(&rc, r1);
+    braid__verbs_regcache_release(&rc, r2);
+    braid__verbs_regcache_release(&rc, r3);
     /* Released regions stay cached. */
     ck_assert_uint_eq(rc.count, 2);
     ck_assert_int_eq(fake->live, 2);
-    ck_assert_int_eq(braid_verbs_regcache_acquire(&rc, A(0x10000), 4096, 0, &r1), 0);
-    braid_verbs_regcache_release(&rc, r1);
+    ck_assert_int_eq(braid__verbs_regcache_acquire(&rc, A(0x10000), 4096, 0, &r1), 0);
+    braid__verbs_regcache_release(&rc, r1);
     /* Bad ranges. */
-    ck_assert_int_eq(braid_verbs_regcache_acquire(&rc, A(0x1000), 0, 1, &r1), EINVAL);
-    ck_assert_int_eq(braid_verbs_regcache_acquire(&rc, A(UINTPTR_MAX - 10), 100, 1, &r1), EINVAL);
+    ck_assert_int_eq(braid__verbs_regcache_acquire(&rc, A(0x1000), 0, 1, &r1), EINVAL);
+    ck_assert_int_eq(braid__verbs_regcache_acquire(&rc, A(UINTPTR_MAX - 10), 100, 1, &r1), EINVAL);
     cache_done(&rc);
 }
 END_TEST
@@ -722,31 +722,31 @@ START_TEST(cache_overlap_merges)
     braid_verbs_regcache rc;
     cache_init(&rc, 16, SIZE_MAX);
     braid_verbs_region *a, *b, *c;
-    ck_assert_int_eq(braid_verbs_regcache_acquire(&rc, A(0x10000), 0x2000, 1, &a), 0);
-    ck_assert_int_eq(braid_verbs_regcache_acquire(&rc, A(0x14000), 0x1000, 1, &b), 0);
-    braid_verbs_regcache_release(&rc, b);
+    ck_assert_int_eq(braid__verbs_regcache_acquire(&rc, A(0x10000), 0x2000, 1, &a), 0);
+    ck_assert_int_eq(braid__verbs_regcache_acquire(&rc, A(0x14000), 0x1000, 1, &b), 0);
+    braid__verbs_regcache_release(&rc, b);
     ck_assert_uint_eq(rc.count, 2);
     /* [0x11000, 0x14800) overlaps both: one region for the union; b (idle)
      * is deregistered now, a (in use) lives on out of the index. */
-    ck_assert_int_eq(braid_verbs_regcache_acquire(&rc, A(0x11000), 0x3800, 1, &c), 0);
+    ck_assert_int_eq(braid__verbs_regcache_acquire(&rc, A(0x11000), 0x3800, 1, &c), 0);
     ck_assert_uint_eq(c->start, 0x10000);
     ck_assert_uint_eq(c->end, 0x15000);
     ck_assert_uint_eq(rc.count, 1);
     ck_assert_uint_eq(rc.stats.retired, 2);
     ck_assert_int_eq(fake->live, 2); /* a and c */
     ck_assert_int_eq(a->indexed, 0);
-    braid_verbs_regcache_release(&rc, a); /* last user of a: deregistered */
+    braid__verbs_regcache_release(&rc, a); /* last user of a: deregistered */
     ck_assert_int_eq(fake->live, 1);
     /* Everything inside the union hits. */
     braid_verbs_region *d;
-    ck_assert_int_eq(braid_verbs_regcache_acquire(&rc, A(0x10000), 0x5000, 0, &d), 0);
+    ck_assert_int_eq(braid__verbs_regcache_acquire(&rc, A(0x10000), 0x5000, 0, &d), 0);
     ck_assert_ptr_eq(d, c);
-    braid_verbs_regcache_release(&rc, d);
-    braid_verbs_regcache_release(&rc, c);
+    braid__verbs_regcache_release(&rc, d);
+    braid__verbs_regcache_release(&rc, c);
     /* Adjacent but not overlapping: kept apart. */
-    ck_assert_int_eq(braid_verbs_regcache_acquire(&rc, A(0x15000), 0x1000, 1, &d), 0);
+    ck_assert_int_eq(braid__verbs_regcache_acquire(&rc, A(0x15000), 0x1000, 1, &d), 0);
     ck_assert_uint_eq(rc.count, 2);
-    braid_verbs_regcache_release(&rc, d);
+    braid__verbs_regcache_release(&rc, d);
     cache_done(&rc);
 }
 END_TEST
@@ -756,20 +756,20 @@ START_TEST(cache_union_fallback)
     braid_verbs_regcache rc;
     cache_init(&rc, 16, SIZE_MAX);
     braid_verbs_region *a, *b;
-    ck_assert_int_eq(braid_verbs_regcache_acquire(&rc, A(0x100000), 0x10000, 1, &a), 0);
-    braid_verbs_regcache_release(&rc, a);
+    ck_assert_int_eq(braid__verbs_regcache_acquire(&rc, A(0x100000), 0x10000, 1, &a), 0);
+    braid__verbs_regcache_release(&rc, a);
     /* The union would be 0x20000 bytes; pretend it spans a hole. */
     fake->fail_len_over = 0x10000;
-    ck_assert_int_eq(braid_verbs_regcache_acquire(&rc, A(0x10f000), 0x10000, 1, &b), 0);
+    ck_assert_int_eq(braid__verbs_regcache_acquire(&rc, A(0x10f000), 0x10000, 1, &b), 0);
     ck_assert_uint_eq(b->start, 0x10f000);
     ck_assert_uint_eq(b->end, 0x11f000);
     ck_assert_uint_eq(rc.count, 1); /* the overlapped region was retired */
-    braid_verbs_regcache_release(&rc, b);
+    braid__verbs_regcache_release(&rc, b);
     /* A failing registration leaves the cache as it was. */
     fake->fail_len_over = 0;
     fake->fail_next = 1;
     size_t before = rc.count;
-    ck_assert_int_eq(braid_verbs_regcache_acquire(&rc, A(0x300000), 10, 1, &b), EFAULT);
+    ck_assert_int_eq(braid__verbs_regcache_acquire(&rc, A(0x300000), 10, 1, &b), EFAULT);
     ck_assert_uint_eq(rc.count, before);
     cache_done(&rc);
 }
@@ -781,31 +781,31 @@ START_TEST(cache_lru_eviction)
     cache_init(&rc, 3, SIZE_MAX);
     braid_verbs_region *r[5];
     for (int i = 0; i < 3; i++) {
-        ck_assert_int_eq(braid_verbs_regcache_acquire(&rc, A(0x100000 * (i + 1)), 10, 1, &r[i]), 0);
-        braid_verbs_regcache_release(&rc, r[i]);
+        ck_assert_int_eq(braid__verbs_regcache_acquire(&rc, A(0x100000 * (i + 1)), 10, 1, &r[i]), 0);
+        braid__verbs_regcache_release(&rc, r[i]);
     }
     /* Touch region 0 so region 1 is the oldest. */
-    ck_assert_int_eq(braid_verbs_regcache_acquire(&rc, A(0x100000), 10, 0, &r[0]), 0);
-    braid_verbs_regcache_release(&rc, r[0]);
-    ck_assert_int_eq(braid_verbs_regcache_acquire(&rc, A(0x400000), 10, 1, &r[3]), 0);
-    braid_verbs_regcache_release(&rc, r[3]);
+    ck_assert_int_eq(braid__verbs_regcache_acquire(&rc, A(0x100000), 10, 0, &r[0]), 0);
+    braid__verbs_regcache_release(&rc, r[0]);
+    ck_assert_int_eq(braid__verbs_regcache_acquire(&rc, A(0x400000), 10, 1, &r[3]), 0);
+    braid__verbs_regcache_release(&rc, r[3]);
     ck_assert_uint_eq(rc.count, 3);
     ck_assert_uint_eq(rc.stats.evictions, 1);
     braid_verbs_region *x;
-    ck_assert_int_eq(braid_verbs_regcache_acquire(&rc, A(0x200000), 10, 0, &x), ENOENT); /* evicted */
-    ck_assert_int_eq(braid_verbs_regcache_acquire(&rc, A(0x100000), 10, 0, &x), 0);
-    braid_verbs_regcache_release(&rc, x);
-    ck_assert_int_eq(braid_verbs_regcache_acquire(&rc, A(0x300000), 10, 0, &x), 0);
-    braid_verbs_regcache_release(&rc, x);
+    ck_assert_int_eq(braid__verbs_regcache_acquire(&rc, A(0x200000), 10, 0, &x), ENOENT); /* evicted */
+    ck_assert_int_eq(braid__verbs_regcache_acquire(&rc, A(0x100000), 10, 0, &x), 0);
+    braid__verbs_regcache_release(&rc, x);
+    ck_assert_int_eq(braid__verbs_regcache_acquire(&rc, A(0x300000), 10, 0, &x), 0);
+    braid__verbs_regcache_release(&rc, x);
     /* Regions in use are never evicted, even over the limit. */
     braid_verbs_region *held[4];
     for (int i = 0; i < 4; i++)
-        ck_assert_int_eq(braid_verbs_regcache_acquire(&rc, A(0x1000000 * (i + 1)), 10, 1, &held[i]), 0);
+        ck_assert_int_eq(braid__verbs_regcache_acquire(&rc, A(0x1000000 * (i + 1)), 10, 1, &held[i]), 0);
     ck_assert_uint_eq(rc.count, 4);
     for (int i = 0; i < 4; i++)
         ck_assert_int_eq(held[i]->indexed, 1);
     for (int i = 0; i < 4; i++)
-        braid_verbs_regcache_release(&rc, held[i]);
+        braid__verbs_regcache_release(&rc, held[i]);
     ck_assert_uint_eq(rc.count, 3);
     ck_assert_int_eq(fake->live, 3);
     cache_done(&rc);
@@ -817,14 +817,14 @@ START_TEST(cache_byte_limit)
     braid_verbs_regcache rc;
     cache_init(&rc, 100, 0x10000);
     braid_verbs_region *a, *b;
-    ck_assert_int_eq(braid_verbs_regcache_acquire(&rc, A(0x100000), 0x8000, 1, &a), 0);
-    braid_verbs_regcache_release(&rc, a);
-    ck_assert_int_eq(braid_verbs_regcache_acquire(&rc, A(0x200000), 0x9000, 1, &b), 0);
-    braid_verbs_regcache_release(&rc, b);
+    ck_assert_int_eq(braid__verbs_regcache_acquire(&rc, A(0x100000), 0x8000, 1, &a), 0);
+    braid__verbs_regcache_release(&rc, a);
+    ck_assert_int_eq(braid__verbs_regcache_acquire(&rc, A(0x200000), 0x9000, 1, &b), 0);
+    braid__verbs_regcache_release(&rc, b);
     ck_assert_uint_eq(rc.count, 1); /* 0x11000 > 0x10000: the older one went */
     ck_assert_uint_eq(rc.bytes, 0x9000);
-    ck_assert_int_eq(braid_verbs_regcache_acquire(&rc, A(0x200000), 1, 0, &b), 0);
-    braid_verbs_regcache_release(&rc, b);
+    ck_assert_int_eq(braid__verbs_regcache_acquire(&rc, A(0x200000), 1, 0, &b), 0);
+    braid__verbs_regcache_release(&rc, b);
     cache_done(&rc);
 }
 END_TEST
@@ -834,20 +834,20 @@ START_TEST(cache_invalidate)
     braid_verbs_regcache rc;
     cache_init(&rc, 16, SIZE_MAX);
     braid_verbs_region *a, *b, *c;
-    ck_assert_int_eq(braid_verbs_regcache_acquire(&rc, A(0x10000), 0x1000, 1, &a), 0);
-    ck_assert_int_eq(braid_verbs_regcache_acquire(&rc, A(0x20000), 0x1000, 1, &b), 0);
-    ck_assert_int_eq(braid_verbs_regcache_acquire(&rc, A(0x30000), 0x1000, 1, &c), 0);
-    braid_verbs_regcache_release(&rc, a);
-    braid_verbs_regcache_release(&rc, c);
+    ck_assert_int_eq(braid__verbs_regcache_acquire(&rc, A(0x10000), 0x1000, 1, &a), 0);
+    ck_assert_int_eq(braid__verbs_regcache_acquire(&rc, A(0x20000), 0x1000, 1, &b), 0);
+    ck_assert_int_eq(braid__verbs_regcache_acquire(&rc, A(0x30000), 0x1000, 1, &c), 0);
+    braid__verbs_regcache_release(&rc, a);
+    braid__verbs_regcache_release(&rc, c);
     /* [0x10800, 0x20001) touches a and b but not c. */
-    braid_verbs_regcache_invalidate(&rc, A(0x10800), 0x10000 - 0x800 + 1);
+    braid__verbs_regcache_invalidate(&rc, A(0x10800), 0x10000 - 0x800 + 1);
     ck_assert_uint_eq(rc.count, 1);
     ck_assert_int_eq(fake->live, 2); /* b still in use, c cached */
     braid_verbs_region *x;
-    ck_assert_int_eq(braid_verbs_regcache_acquire(&rc, A(0x20000), 1, 0, &x), ENOENT);
-    braid_verbs_regcache_release(&rc, b);
+    ck_assert_int_eq(braid__verbs_regcache_acquire(&rc, A(0x20000), 1, 0, &x), ENOENT);
+    braid__verbs_regcache_release(&rc, b);
     ck_assert_int_eq(fake->live, 1);
-    braid_verbs_regcache_invalidate(&rc, A(0x0), 0); /* empty range: no-op */
+    braid__verbs_regcache_invalidate(&rc, A(0x0), 0); /* empty range: no-op */
     ck_assert_uint_eq(rc.count, 1);
     cache_done(&rc);
 }
@@ -858,8 +858,8 @@ START_TEST(cache_fini_reports_leaks)
     braid_verbs_regcache rc;
     cache_init(&rc, 16, SIZE_MAX);
     braid_verbs_region *a;
-    ck_assert_int_eq(braid_verbs_regcache_acquire(&rc, A(0x10000), 1, 1, &a), 0);
-    ck_assert_uint_eq(braid_verbs_regcache_fini(&rc), 1);
+    ck_assert_int_eq(braid__verbs_regcache_acquire(&rc, A(0x10000), 1, 1, &a), 0);
+    ck_assert_uint_eq(braid__verbs_regcache_fini(&rc), 1);
     ck_assert_int_eq(fake->live, 0);
     free(fake);
 }
@@ -910,7 +910,7 @@ START_TEST(cache_random)
             uintptr_t a = 0x100000 + (uintptr_t)rng_below(256) * 1024;
             size_t len = 1 + rng_below(6 * 4096);
             braid_verbs_region *r;
-            int err = braid_verbs_regcache_acquire(&rc, A(a), len, op < 4, &r);
+            int err = braid__verbs_regcache_acquire(&rc, A(a), len, op < 4, &r);
             if (err == 0) {
                 ck_assert_uint_le(r->start, a);
                 ck_assert_uint_ge(r->end, a + len);
@@ -921,10 +921,10 @@ START_TEST(cache_random)
                 ck_assert_int_eq(err, ENOENT);
             }
         } else if (op < 9 && held[k].r) {
-            braid_verbs_regcache_release(&rc, held[k].r);
+            braid__verbs_regcache_release(&rc, held[k].r);
             held[k].r = NULL;
         } else if (op == 9) {
-            braid_verbs_regcache_invalidate(&rc, A(0x100000 + (uintptr_t)rng_below(256) * 1024), rng_below(8192));
+            braid__verbs_regcache_invalidate(&rc, A(0x100000 + (uintptr_t)rng_below(256) * 1024), rng_below(8192));
         }
         for (int i = 0; i < HELD; i++)
             if (held[i].r)
@@ -933,7 +933,7 @@ START_TEST(cache_random)
     }
     for (int i = 0; i < HELD; i++)
         if (held[i].r)
-            braid_verbs_regcache_release(&rc, held[i].r);
+            braid__verbs_regcache_release(&rc, held[i].r);
     cache_done(&rc);
 }
 END_TEST
@@ -1078,17 +1078,17 @@ static braid_status sim_poll(sim_side *s, uint32_t max, int *moved)
         braid_status st;
         if (c.is_send) {
             s->sq_used--;
-            st = c.error ? braid_verbs_engine_on_error(&s->e, c.wr_id, "simulated failure")
-                         : braid_verbs_engine_on_send(&s->e, c.wr_id);
+            st = c.error ? braid__verbs_engine_on_error(&s->e, c.wr_id, "simulated failure")
+                         : braid__verbs_engine_on_send(&s->e, c.wr_id);
         } else {
             s->rq_free++; /* reposted at once */
-            st = braid_verbs_engine_on_recv(&s->e, c.imm, c.byte_len, c.is_write);
+            st = braid__verbs_engine_on_recv(&s->e, c.imm, c.byte_len, c.is_write);
         }
         if (st != BRAID_OK)
             return st;
     }
     int m;
-    braid_status st = braid_verbs_engine_advance(&s->e, &m);
+    braid_status st = braid__verbs_engine_advance(&s->e, &m);
     *moved |= m;
     return st;
 }
@@ -1132,13 +1132,13 @@ static void sim_connect(sim_side *a, sim_side *b, size_t zcopy_min)
                              .send_imm = sim_send_imm,
                              .zcopy_get = sim_zcopy_get,
                              .zcopy_put = sim_zcopy_put};
-        ck_assert_int_eq(braid_verbs_engine_init(&s->e, &cfg, &io), BRAID_OK);
+        ck_assert_int_eq(braid__verbs_engine_init(&s->e, &cfg, &io), BRAID_OK);
     }
 }
 
 static void sim_free(sim_side *s)
 {
-    braid_verbs_engine_fini(&s->e);
+    braid__verbs_engine_fini(&s->e);
     ck_assert_int_eq(s->tokens_out, 0);
     free(s->ring);
     free(s->stage);
@@ -1207,11 +1207,11 @@ static void flow_step(flow *f)
 {
     if (f->sent_posted < f->n && f->sent_posted - f->sent_done < DEPTH && rng_below(2)) {
         int i = f->sent_posted++;
-        ck_assert_int_eq(braid_verbs_engine_isend(&f->from->e, &f->sreq[i], f->sbuf[i], f->sizes[i]), BRAID_OK);
+        ck_assert_int_eq(braid__verbs_engine_isend(&f->from->e, &f->sreq[i], f->sbuf[i], f->sizes[i]), BRAID_OK);
     }
     if (f->recv_posted < f->n && f->recv_posted - f->recv_done < DEPTH && rng_below(2)) {
         int i = f->recv_posted++;
-        ck_assert_int_eq(braid_verbs_engine_irecv(&f->to->e, &f->rreq[i], f->rbuf[i], f->sizes[i]), BRAID_OK);
+        ck_assert_int_eq(braid__verbs_engine_irecv(&f->to->e, &f->rreq[i], f->rbuf[i], f->sizes[i]), BRAID_OK);
     }
     for (int i = f->sent_done; i < f->sent_posted; i++) {
         if (!f->sreq[i].done)
@@ -1270,8 +1270,8 @@ static void run_flows(sim_side *a, sim_side *b, flow *ab, flow *ba)
         ck_assert_int_eq(sim_poll(a, 64, &moved), BRAID_OK);
         ck_assert_int_eq(sim_poll(b, 64, &moved), BRAID_OK);
     }
-    ck_assert(braid_verbs_engine_drained(&a->e));
-    ck_assert(braid_verbs_engine_drained(&b->e));
+    ck_assert(braid__verbs_engine_drained(&a->e));
+    ck_assert(braid__verbs_engine_drained(&b->e));
 }
 
 START_TEST(engine_sizes)
@@ -1362,8 +1362,8 @@ START_TEST(engine_length_mismatch)
         uint8_t sbuf[10000] = {0}, rbuf[10000];
         braid_req s, r;
         size_t slen = longer ? 9000 : 100, rlen = longer ? 5000 : 200;
-        ck_assert_int_eq(braid_verbs_engine_isend(&a.e, &s, sbuf, slen), BRAID_OK);
-        ck_assert_int_eq(braid_verbs_engine_irecv(&b.e, &r, rbuf, rlen), BRAID_OK);
+        ck_assert_int_eq(braid__verbs_engine_isend(&a.e, &s, sbuf, slen), BRAID_OK);
+        ck_assert_int_eq(braid__verbs_engine_irecv(&b.e, &r, rbuf, rlen), BRAID_OK);
         braid_status sa, sb;
         settle(&a, &b, &sa, &sb);
         ck_assert_int_eq(sb, BRAID_ERR_MISMATCH);
@@ -1371,7 +1371,7 @@ START_TEST(engine_length_mismatch)
         ck_assert_ptr_nonnull(strstr(braid_last_error(), "disagree"));
         /* Sticky, with its text, and the request is left alone. */
         braid_req r2;
-        ck_assert_int_eq(braid_verbs_engine_irecv(&b.e, &r2, rbuf, 1), BRAID_ERR_MISMATCH);
+        ck_assert_int_eq(braid__verbs_engine_irecv(&b.e, &r2, rbuf, 1), BRAID_ERR_MISMATCH);
         ck_assert_ptr_nonnull(strstr(braid_last_error(), "disagree"));
         ck_assert_int_eq(r.done, 0);
         sim_free(&a);
@@ -1387,32 +1387,32 @@ START_TEST(engine_close)
     uint8_t msg[6000], got[6000];
     fill(msg, sizeof(msg), 3);
     braid_req s, r, r2;
-    ck_assert_int_eq(braid_verbs_engine_isend(&a.e, &s, msg, sizeof(msg)), BRAID_OK);
-    ck_assert_int_eq(braid_verbs_engine_close(&a.e), 1);
-    ck_assert_int_eq(braid_verbs_engine_close(&a.e), 0); /* once */
+    ck_assert_int_eq(braid__verbs_engine_isend(&a.e, &s, msg, sizeof(msg)), BRAID_OK);
+    ck_assert_int_eq(braid__verbs_engine_close(&a.e), 1);
+    ck_assert_int_eq(braid__verbs_engine_close(&a.e), 0); /* once */
     braid_status sa, sb;
     settle(&a, &b, &sa, &sb);
     ck_assert_int_eq(sa, BRAID_OK);
     ck_assert_int_eq(sb, BRAID_OK);
     ck_assert(b.e.peer_closed);
-    ck_assert(braid_verbs_engine_drained(&a.e));
+    ck_assert(braid__verbs_engine_drained(&a.e));
     /* What arrived before the goodbye is still delivered... */
-    ck_assert_int_eq(braid_verbs_engine_irecv(&b.e, &r, got, sizeof(got)), BRAID_OK);
+    ck_assert_int_eq(braid__verbs_engine_irecv(&b.e, &r, got, sizeof(got)), BRAID_OK);
     ck_assert_int_eq(r.done, 1);
     ck_assert_mem_eq(got, msg, sizeof(msg));
     /* ...but nothing more will come, and nothing can be sent. */
-    ck_assert_int_eq(braid_verbs_engine_irecv(&b.e, &r2, got, 10), BRAID_ERR_PEER);
+    ck_assert_int_eq(braid__verbs_engine_irecv(&b.e, &r2, got, 10), BRAID_ERR_PEER);
     ck_assert_ptr_nonnull(strstr(braid_last_error(), "closed the connection while a 10-byte receive"));
     sim_free(&a);
     sim_free(&b);
 
     pair(&a, &b);
-    ck_assert_int_eq(braid_verbs_engine_close(&a.e), 1);
+    ck_assert_int_eq(braid__verbs_engine_close(&a.e), 1);
     settle(&a, &b, &sa, &sb);
-    ck_assert_int_eq(braid_verbs_engine_isend(&b.e, &s, msg, 10), BRAID_ERR_PEER);
+    ck_assert_int_eq(braid__verbs_engine_isend(&b.e, &s, msg, 10), BRAID_ERR_PEER);
     ck_assert_ptr_nonnull(strstr(braid_last_error(), "cannot send"));
     /* The one who got a goodbye sends none back. */
-    ck_assert_int_eq(braid_verbs_engine_close(&b.e), 0);
+    ck_assert_int_eq(braid__verbs_engine_close(&b.e), 0);
     sim_free(&a);
     sim_free(&b);
 }
@@ -1426,17 +1426,17 @@ START_TEST(engine_bad_peer)
         const char *needle;
     } cases[] = {
         {0xC0000000u, 0, 0, "reserved"},
-        {braid_verbs_imm_data(1, 10, 1), 10, 1, "expected slot 0"},
-        {braid_verbs_imm_data(0, 10, 1), 11, 1, "announced 10"},
-        {braid_verbs_imm_data(0, 10, 1), 10, 0, "as a send"},
-        {braid_verbs_imm_credit(1), 0, 1, "as an RDMA write"},
-        {braid_verbs_imm_credit(1), 0, 0, "returned 1 credits"},
-        {braid_verbs_imm_data(9, 10, 1), 10, 1, "slot 9"},
+        {braid__verbs_imm_data(1, 10, 1), 10, 1, "expected slot 0"},
+        {braid__verbs_imm_data(0, 10, 1), 11, 1, "announced 10"},
+        {braid__verbs_imm_data(0, 10, 1), 10, 0, "as a send"},
+        {braid__verbs_imm_credit(1), 0, 1, "as an RDMA write"},
+        {braid__verbs_imm_credit(1), 0, 0, "returned 1 credits"},
+        {braid__verbs_imm_data(9, 10, 1), 10, 1, "slot 9"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         sim_side a, b;
         pair(&a, &b);
-        ck_assert_int_eq(braid_verbs_engine_on_recv(&b.e, cases[i].imm, cases[i].len, cases[i].is_write),
+        ck_assert_int_eq(braid__verbs_engine_on_recv(&b.e, cases[i].imm, cases[i].len, cases[i].is_write),
                          BRAID_ERR_PEER);
         ck_assert_msg(strstr(braid_last_error(), cases[i].needle) != NULL, "case %zu: '%s' lacks '%s'", i,
                       braid_last_error(), cases[i].needle);
@@ -1448,8 +1448,8 @@ START_TEST(engine_bad_peer)
     sim_side a, b;
     pair(&a, &b);
     for (uint32_t k = 0; k < 4; k++)
-        ck_assert_int_eq(braid_verbs_engine_on_recv(&b.e, braid_verbs_imm_data(k, 4096, 0), 4096, 1), BRAID_OK);
-    ck_assert_int_eq(braid_verbs_engine_on_recv(&b.e, braid_verbs_imm_data(0, 1, 1), 1, 1), BRAID_ERR_PEER);
+        ck_assert_int_eq(braid__verbs_engine_on_recv(&b.e, braid__verbs_imm_data(k, 4096, 0), 4096, 1), BRAID_OK);
+    ck_assert_int_eq(braid__verbs_engine_on_recv(&b.e, braid__verbs_imm_data(0, 1, 1), 1, 1), BRAID_ERR_PEER);
     ck_assert_ptr_nonnull(strstr(braid_last_error(), "overran"));
     sim_free(&a);
     sim_free(&b);
@@ -1462,23 +1462,23 @@ START_TEST(engine_error_completion)
     pair(&a, &b);
     uint8_t buf[100] = {0};
     braid_req s;
-    ck_assert_int_eq(braid_verbs_engine_isend(&a.e, &s, buf, sizeof(buf)), BRAID_OK);
-    ck_assert_int_eq(braid_verbs_engine_on_error(&a.e, BRAID_VERBS_WR_ID(BRAID_VERBS_WR_DATA, 0),
-                                                 "transport retry counter exceeded"),
+    ck_assert_int_eq(braid__verbs_engine_isend(&a.e, &s, buf, sizeof(buf)), BRAID_OK);
+    ck_assert_int_eq(braid__verbs_engine_on_error(&a.e, BRAID_VERBS_WR_ID(BRAID_VERBS_WR_DATA, 0),
+                                                  "transport retry counter exceeded"),
                      BRAID_ERR_PEER);
     ck_assert_ptr_nonnull(strstr(braid_last_error(), "rank 0: verbs connection to peer 1: RDMA write failed: "
                                                      "transport retry counter exceeded"));
-    ck_assert_int_eq(braid_verbs_engine_advance(&a.e, &(int){0}), BRAID_ERR_PEER);
-    ck_assert_int_eq(braid_verbs_engine_close(&a.e), 0);
+    ck_assert_int_eq(braid__verbs_engine_advance(&a.e, &(int){0}), BRAID_ERR_PEER);
+    ck_assert_int_eq(braid__verbs_engine_close(&a.e), 0);
     sim_free(&a);
     sim_free(&b);
 
     /* After a goodbye a failed credit is no error. */
     pair(&a, &b);
-    ck_assert_int_eq(braid_verbs_engine_on_recv(&b.e, braid_verbs_imm_close(), 0, 0), BRAID_OK);
-    ck_assert_int_eq(braid_verbs_engine_on_error(&b.e, BRAID_VERBS_WR_ID(BRAID_VERBS_WR_CREDIT, 0), "flushed"),
+    ck_assert_int_eq(braid__verbs_engine_on_recv(&b.e, braid__verbs_imm_close(), 0, 0), BRAID_OK);
+    ck_assert_int_eq(braid__verbs_engine_on_error(&b.e, BRAID_VERBS_WR_ID(BRAID_VERBS_WR_CREDIT, 0), "flushed"),
                      BRAID_OK);
-    ck_assert_int_eq(braid_verbs_engine_on_recv(&b.e, braid_verbs_imm_credit(1), 0, 0), BRAID_ERR_PEER);
+    ck_assert_int_eq(braid__verbs_engine_on_recv(&b.e, braid__verbs_imm_credit(1), 0, 0), BRAID_ERR_PEER);
     ck_assert_ptr_nonnull(strstr(braid_last_error(), "after closing"));
     sim_free(&a);
     sim_free(&b);
@@ -1490,12 +1490,12 @@ START_TEST(engine_error_completion)
         pair(&a, &b);
         a.zcopy = 1;
         a.e.cfg.zcopy_min = 1;
-        ck_assert_int_eq(braid_verbs_engine_isend(&a.e, &s, buf, sizeof(buf)), BRAID_OK);
+        ck_assert_int_eq(braid__verbs_engine_isend(&a.e, &s, buf, sizeof(buf)), BRAID_OK);
         ck_assert_int_eq(s.done, 0);
-        ck_assert_int_eq(braid_verbs_engine_on_recv(&a.e, braid_verbs_imm_close(), 0, 0), BRAID_OK);
+        ck_assert_int_eq(braid__verbs_engine_on_recv(&a.e, braid__verbs_imm_close(), 0, 0), BRAID_OK);
         if (!waiting)
-            ck_assert_int_eq(braid_verbs_engine_on_send(&a.e, BRAID_VERBS_WR_ID(BRAID_VERBS_WR_DATA, 0)), BRAID_OK);
-        braid_status st = braid_verbs_engine_on_error(&a.e, BRAID_VERBS_WR_ID(BRAID_VERBS_WR_CREDIT, 0), "flushed");
+            ck_assert_int_eq(braid__verbs_engine_on_send(&a.e, BRAID_VERBS_WR_ID(BRAID_VERBS_WR_DATA, 0)), BRAID_OK);
+        braid_status st = braid__verbs_engine_on_error(&a.e, BRAID_VERBS_WR_ID(BRAID_VERBS_WR_CREDIT, 0), "flushed");
         ck_assert_int_eq(st, waiting ? BRAID_ERR_PEER : BRAID_OK);
         ck_assert_int_eq(s.done, !waiting);
         a.w_count = 0; /* the fabric is gone */
@@ -1507,7 +1507,7 @@ START_TEST(engine_error_completion)
     /* A failing post is a system error naming the cause. */
     pair(&a, &b);
     a.post_fail = ENOMEM;
-    ck_assert_int_eq(braid_verbs_engine_isend(&a.e, &s, buf, sizeof(buf)), BRAID_ERR_SYSTEM);
+    ck_assert_int_eq(braid__verbs_engine_isend(&a.e, &s, buf, sizeof(buf)), BRAID_ERR_SYSTEM);
     ck_assert_ptr_nonnull(strstr(braid_last_error(), "cannot post an RDMA write"));
     sim_free(&a);
     sim_free(&b);
@@ -1525,26 +1525,26 @@ START_TEST(engine_abandon)
     size_t big = 10 * 4096;
     uint8_t *sbuf = calloc(1, big), *rbuf = calloc(1, big);
     braid_req *reqs = calloc(4, sizeof(braid_req));
-    ck_assert_int_eq(braid_verbs_engine_isend(&a.e, &reqs[0], sbuf, big), BRAID_OK);
-    ck_assert_int_eq(braid_verbs_engine_irecv(&a.e, &reqs[1], rbuf, big), BRAID_OK);
-    ck_assert_int_eq(braid_verbs_engine_isend(&b.e, &reqs[2], sbuf, big), BRAID_OK);
-    ck_assert_int_eq(braid_verbs_engine_irecv(&b.e, &reqs[3], rbuf, big), BRAID_OK);
+    ck_assert_int_eq(braid__verbs_engine_isend(&a.e, &reqs[0], sbuf, big), BRAID_OK);
+    ck_assert_int_eq(braid__verbs_engine_irecv(&a.e, &reqs[1], rbuf, big), BRAID_OK);
+    ck_assert_int_eq(braid__verbs_engine_isend(&b.e, &reqs[2], sbuf, big), BRAID_OK);
+    ck_assert_int_eq(braid__verbs_engine_irecv(&b.e, &reqs[3], rbuf, big), BRAID_OK);
     sim_deliver(&a);
     sim_deliver(&b);
     ck_assert_int_eq(a.tokens_out, 1);
-    braid_verbs_engine_abandon(&a.e);
-    braid_verbs_engine_abandon(&b.e);
+    braid__verbs_engine_abandon(&a.e);
+    braid__verbs_engine_abandon(&b.e);
     memset(reqs, 0xAB, 4 * sizeof(braid_req));
     memset(rbuf, 0xCD, big);
-    ck_assert_int_eq(braid_verbs_engine_close(&a.e), 1);
-    ck_assert_int_eq(braid_verbs_engine_close(&b.e), 1);
+    ck_assert_int_eq(braid__verbs_engine_close(&a.e), 1);
+    ck_assert_int_eq(braid__verbs_engine_close(&b.e), 1);
     braid_status sa, sb;
     settle(&a, &b, &sa, &sb);
     for (size_t i = 0; i < 4 * sizeof(braid_req); i++)
         ck_assert_uint_eq(((uint8_t *)reqs)[i], 0xAB);
     for (size_t i = 0; i < big; i++)
         ck_assert_uint_eq(rbuf[i], 0xCD);
-    ck_assert(braid_verbs_engine_drained(&a.e));
+    ck_assert(braid__verbs_engine_drained(&a.e));
     sim_free(&a); /* returns the abandoned send's registration */
     sim_free(&b);
     free(sbuf);
@@ -1567,13 +1567,13 @@ START_TEST(engine_bad_geometry)
                                   .tx_slot_bytes = 4096,
                                   .tx_window = 2,
                                   .tx_stage = stage};
-    ck_assert_int_eq(braid_verbs_engine_init(&e, &cfg, &io), BRAID_ERR_INVALID_ARG);
+    ck_assert_int_eq(braid__verbs_engine_init(&e, &cfg, &io), BRAID_ERR_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(braid_last_error(), "rank 2: verbs connection to peer 3"));
     cfg.tx_window = 1;
     cfg.rx_slots = BRAID_VERBS_MAX_SLOTS + 1;
-    ck_assert_int_eq(braid_verbs_engine_init(&e, &cfg, &io), BRAID_ERR_INVALID_ARG);
+    ck_assert_int_eq(braid__verbs_engine_init(&e, &cfg, &io), BRAID_ERR_INVALID_ARG);
     cfg.rx_slots = 1;
-    ck_assert_int_eq(braid_verbs_engine_init(&e, &cfg, &io), BRAID_OK);
+    ck_assert_int_eq(braid__verbs_engine_init(&e, &cfg, &io), BRAID_OK);
 }
 END_TEST
 

@@ -94,8 +94,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
         return 0;
     braid_tcp_conn *a, *b;
-    FUZZ_ASSERT(braid_tcp_conn_create(0, 1, 1, &sv[0], "fuzz-tx", &a) == BRAID_OK);
-    FUZZ_ASSERT(braid_tcp_conn_create(1, 0, 1, &sv[1], "fuzz-rx", &b) == BRAID_OK);
+    FUZZ_ASSERT(braid__tcp_conn_create(0, 1, 1, &sv[0], "fuzz-tx", &a) == BRAID_OK);
+    FUZZ_ASSERT(braid__tcp_conn_create(1, 0, 1, &sv[1], "fuzz-rx", &b) == BRAID_OK);
     braid_conn *tx = &a->base, *rx = &b->base;
     FUZZ_ASSERT(braid__checksum_wrap(1, &rx) == BRAID_OK);
 

@@ -46,7 +46,7 @@ static void check_stripes(size_t len, int nsocks)
     size_t next = 0;
     for (int k = 0; k < nsocks; k++) {
         size_t off, n;
-        braid_tcp_stripe(len, nsocks, k, &off, &n);
+        braid__tcp_stripe(len, nsocks, k, &off, &n);
         if (nsocks == 1 || len < BRAID_TCP_STRIPE_MIN)
             FUZZ_ASSERT(k == 0 ? n == len : n == 0);
         if (n == 0)
@@ -111,14 +111,14 @@ static braid_status drive(braid_conn **conns, int nconns, braid_req *reqs, int n
         int all = 1;
         for (int i = 0; i < nreqs; i++) {
             int done = 0;
-            braid_status st = braid_tcp_test(&reqs[i], &done);
+            braid_status st = braid__tcp_test(&reqs[i], &done);
             if (st != BRAID_OK)
                 return st;
             all &= done;
         }
         if (all)
             return BRAID_OK;
-        braid_status st = braid_tcp_progress(conns, nconns, -1, 50);
+        braid_status st = braid__tcp_progress(conns, nconns, -1, 50);
         if (st != BRAID_OK)
             return st;
     }
@@ -142,13 +142,13 @@ static void run_raw(const uint8_t *stream, size_t n, const size_t *lens, int m)
     }
     close(b[0]);
     braid_tcp_conn *c = NULL;
-    FUZZ_ASSERT(braid_tcp_conn_create(0, 1, 1, a, "fuzz", &c) == BRAID_OK);
+    FUZZ_ASSERT(braid__tcp_conn_create(0, 1, 1, a, "fuzz", &c) == BRAID_OK);
     uint8_t *bufs[MAX_MSGS] = {0};
     braid_req reqs[MAX_MSGS];
     for (int i = 0; i < m; i++) {
         bufs[i] = malloc(lens[i] ? lens[i] : 1);
         FUZZ_ASSERT(bufs[i]);
-        FUZZ_ASSERT(braid_tcp_irecv(&c->base, &reqs[i], bufs[i], lens[i]) == BRAID_OK);
+        FUZZ_ASSERT(braid__tcp_irecv(&c->base, &reqs[i], bufs[i], lens[i]) == BRAID_OK);
     }
     braid_conn *conns[1] = {&c->base};
     braid_status got = drive(conns, 1, reqs, m);
@@ -165,9 +165,9 @@ static void run_raw(const uint8_t *stream, size_t n, const size_t *lens, int m)
         /* Sticky: later calls fail the same way, at once. */
         braid_req again;
         uint8_t one;
-        FUZZ_ASSERT(braid_tcp_irecv(&c->base, &again, &one, 1) == got);
+        FUZZ_ASSERT(braid__tcp_irecv(&c->base, &again, &one, 1) == got);
     }
-    braid_tcp_close(&c->base);
+    braid__tcp_close(&c->base);
     for (int i = 0; i < m; i++)
         free(bufs[i]);
 }
@@ -178,8 +178,8 @@ static void run_roundtrip(const uint8_t *seed, size_t n, const size_t *lens, int
     if (make_pairs(nsocks, a, b) != 0)
         return;
     braid_tcp_conn *tx = NULL, *rx = NULL;
-    FUZZ_ASSERT(braid_tcp_conn_create(0, 1, nsocks, a, "fuzz-tx", &tx) == BRAID_OK);
-    FUZZ_ASSERT(braid_tcp_conn_create(1, 0, nsocks, b, "fuzz-rx", &rx) == BRAID_OK);
+    FUZZ_ASSERT(braid__tcp_conn_create(0, 1, nsocks, a, "fuzz-tx", &tx) == BRAID_OK);
+    FUZZ_ASSERT(braid__tcp_conn_create(1, 0, nsocks, b, "fuzz-rx", &rx) == BRAID_OK);
     uint8_t *src[MAX_MSGS] = {0}, *dst[MAX_MSGS] = {0};
     braid_req reqs[2 * MAX_MSGS];
     for (int i = 0; i < m; i++) {
@@ -188,8 +188,8 @@ static void run_roundtrip(const uint8_t *seed, size_t n, const size_t *lens, int
         FUZZ_ASSERT(src[i] && dst[i]);
         for (size_t j = 0; j < lens[i]; j++)
             src[i][j] = n ? (uint8_t)(seed[j % n] + j / n + (size_t)i) : (uint8_t)j;
-        FUZZ_ASSERT(braid_tcp_isend(&tx->base, &reqs[2 * i], src[i], lens[i]) == BRAID_OK);
-        FUZZ_ASSERT(braid_tcp_irecv(&rx->base, &reqs[2 * i + 1], dst[i], lens[i]) == BRAID_OK);
+        FUZZ_ASSERT(braid__tcp_isend(&tx->base, &reqs[2 * i], src[i], lens[i]) == BRAID_OK);
+        FUZZ_ASSERT(braid__tcp_irecv(&rx->base, &reqs[2 * i + 1], dst[i], lens[i]) == BRAID_OK);
     }
     braid_conn *conns[2] = {&tx->base, &rx->base};
     FUZZ_ASSERT(drive(conns, 2, reqs, 2 * m) == BRAID_OK);
@@ -199,8 +199,8 @@ static void run_roundtrip(const uint8_t *seed, size_t n, const size_t *lens, int
         free(src[i]);
         free(dst[i]);
     }
-    braid_tcp_close(&tx->base);
-    braid_tcp_close(&rx->base);
+    braid__tcp_close(&tx->base);
+    braid__tcp_close(&rx->base);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

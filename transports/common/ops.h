@@ -6,7 +6,7 @@
 #include "braid_transport.h"
 
 /* One type per slot of braid_transport_ops, as a function type:
- * `braid_isend_func_t braid_tcp_isend;` declares a function that fits. */
+ * `braid_isend_func_t braid__tcp_isend;` declares a function that fits. */
 typedef braid_status braid_listen_func_t(const braid_transport_ctx *ctx, braid_listener **listener,
                                          char addr[BRAID_ADDR_MAX]);
 typedef braid_status braid_accept_func_t(braid_listener *listener, int peer, int timeout_ms, braid_conn **conn);
@@ -26,5 +26,17 @@ typedef braid_status braid_dereg_mem_func_t(braid_conn *conn, void *handle);
  * may register unconditionally (ops_none.c). */
 braid_reg_mem_func_t braid__reg_mem_none;
 braid_dereg_mem_func_t braid__dereg_mem_none;
+
+/* The ops table of a transport that needs no memory registration and
+ * names its slot functions by the rule braid__<name>_<slot>:
+ * `const braid_transport_ops braid__tcp_ops = BRAID_COPY_TRANSPORT_OPS(tcp, tcp_probe);` */
+#define BRAID_COPY_TRANSPORT_OPS(name_, probe_)                                                                        \
+    {                                                                                                                  \
+        .size = sizeof(braid_transport_ops), .name = #name_, .probe = probe_, .listen = braid__##name_##_listen,       \
+        .accept = braid__##name_##_accept, .close_listener = braid__##name_##_close_listener,                          \
+        .connect = braid__##name_##_connect, .reg_mem = braid__reg_mem_none, .dereg_mem = braid__dereg_mem_none,       \
+        .isend = braid__##name_##_isend, .irecv = braid__##name_##_irecv, .test = braid__##name_##_test,               \
+        .progress = braid__##name_##_progress, .close = braid__##name_##_close,                                        \
+    }
 
 #endif

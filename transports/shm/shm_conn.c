@@ -17,10 +17,10 @@
 
 const uint64_t braid_shm_cookie = BRAID_SHM_COOKIE;
 
-braid_status braid_shm_region_create(int rank, int peer, size_t ring_bytes, int *memfd, int efd[2])
+braid_status braid__shm_region_create(int rank, int peer, size_t ring_bytes, int *memfd, int efd[2])
 {
     braid_status st;
-    size_t bytes = braid_shm_map_bytes(ring_bytes);
+    size_t bytes = braid__shm_map_bytes(ring_bytes);
     char name[64];
     snprintf(name, sizeof(name), "braid-shm-%d-%d", rank, peer);
     /* A memfd has no name in any file system, so nothing is left behind
@@ -75,10 +75,10 @@ err_close:
     return st;
 }
 
-braid_status braid_shm_conn_create(int rank, int peer, int side, int sock, int memfd, const int efd[2],
-                                   size_t ring_bytes, braid_shm_conn **conn)
+braid_status braid__shm_conn_create(int rank, int peer, int side, int sock, int memfd, const int efd[2],
+                                    size_t ring_bytes, braid_shm_conn **conn)
 {
-    size_t bytes = braid_shm_map_bytes(ring_bytes);
+    size_t bytes = braid__shm_map_bytes(ring_bytes);
     struct stat sb;
     if (fstat(memfd, &sb) != 0 || sb.st_size < 0 || (size_t)sb.st_size != bytes)
         return braid__error(BRAID_ERR_PEER, "rank %d: peer %d sent shared memory of the wrong size", rank, peer);
@@ -136,7 +136,7 @@ braid_status braid_shm_conn_create(int rank, int peer, int side, int sock, int m
  * page fault on each side whenever a message first reaches a page. Only
  * used connections pay it (mapping every pair's rings up front did not
  * scale). Best effort. */
-void braid_shm_conn_warm(braid_shm_conn *c)
+void braid__shm_conn_warm(braid_shm_conn *c)
 {
     c->warm = 1;
 #if defined(MADV_POPULATE_WRITE) && defined(MADV_POPULATE_READ)
@@ -146,11 +146,11 @@ void braid_shm_conn_warm(braid_shm_conn *c)
 #endif
 }
 
-void braid_shm_close(braid_conn *conn)
+void braid__shm_close(braid_conn *conn)
 {
     if (!conn)
         return;
-    braid_shm_conn *c = braid_shm_conn_of(conn);
+    braid_shm_conn *c = braid__shm_conn_of(conn);
     /* The socket's hang-up tells the peer; it may still drain what we wrote
      * from its own mapping, which outlives ours. */
     close(c->sock);

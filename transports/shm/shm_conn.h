@@ -100,7 +100,7 @@ typedef struct {
     int peer_gone;                 /* the socket hung up */
     int peer_pid;                  /* for process_vm_readv; 0: unknown */
     int cma_checked;               /* tried reading the peer's cookie */
-    int warm;                      /* braid_shm_conn_warm ran */
+    int warm;                      /* braid__shm_conn_warm ran */
     uint64_t cma_sent;             /* single-copy messages sent */
     uint64_t cma_read;             /* single-copy messages read */
     braid_shm_region *region;
@@ -115,19 +115,19 @@ typedef struct {
     braid_req *sent_head, *sent_tail; /* written, waiting for the peer's acks */
 } braid_shm_conn;
 
-static inline braid_shm_conn *braid_shm_conn_of(braid_conn *conn)
+static inline braid_shm_conn *braid__shm_conn_of(braid_conn *conn)
 {
     return (braid_shm_conn *)conn; /* base is the first member */
 }
 
 /* Ring headers are little-endian 64-bit words. */
-static inline void braid_shm_put_le64(uint8_t *p, uint64_t v)
+static inline void braid__shm_put_le64(uint8_t *p, uint64_t v)
 {
     for (int i = 0; i < 8; i++)
         p[i] = (uint8_t)(v >> (8 * i));
 }
 
-static inline uint64_t braid_shm_get_le64(const uint8_t *p)
+static inline uint64_t braid__shm_get_le64(const uint8_t *p)
 {
     uint64_t v = 0;
     for (int i = 0; i < 8; i++)
@@ -135,7 +135,7 @@ static inline uint64_t braid_shm_get_le64(const uint8_t *p)
     return v;
 }
 
-static inline size_t braid_shm_map_bytes(size_t ring_bytes)
+static inline size_t braid__shm_map_bytes(size_t ring_bytes)
 {
     return BRAID_SHM_CTRL_BYTES + 2 * ring_bytes;
 }
@@ -153,25 +153,25 @@ extern const uint64_t braid_shm_cookie;
 
 /* Fresh memfd of ring_bytes rings with an initialized control page, sealed
  * against resizing, and the two eventfds. */
-braid_status braid_shm_region_create(int rank, int peer, size_t ring_bytes, int *memfd, int efd[2]);
+braid_status braid__shm_region_create(int rank, int peer, size_t ring_bytes, int *memfd, int efd[2]);
 
 /* Map memfd and wrap it with the socket and eventfds into a connection for
  * `side`. On success the connection owns the fds; on failure the caller
  * still does. */
-braid_status braid_shm_conn_create(int rank, int peer, int side, int sock, int memfd, const int efd[2],
-                                   size_t ring_bytes, braid_shm_conn **conn);
+braid_status braid__shm_conn_create(int rank, int peer, int side, int sock, int memfd, const int efd[2],
+                                    size_t ring_bytes, braid_shm_conn **conn);
 
-void braid_shm_conn_warm(braid_shm_conn *c);
+void braid__shm_conn_warm(braid_shm_conn *c);
 
 /* Ops (shm_listen.c, shm_data.c, shm_conn.c), declared by slot type (common/ops.h). */
-braid_listen_func_t braid_shm_listen;
-braid_accept_func_t braid_shm_accept;
-braid_close_listener_func_t braid_shm_close_listener;
-braid_connect_func_t braid_shm_connect;
-braid_close_func_t braid_shm_close;
-braid_isend_func_t braid_shm_isend;
-braid_irecv_func_t braid_shm_irecv;
-braid_test_func_t braid_shm_test;
-braid_progress_func_t braid_shm_progress;
+braid_listen_func_t braid__shm_listen;
+braid_accept_func_t braid__shm_accept;
+braid_close_listener_func_t braid__shm_close_listener;
+braid_connect_func_t braid__shm_connect;
+braid_close_func_t braid__shm_close;
+braid_isend_func_t braid__shm_isend;
+braid_irecv_func_t braid__shm_irecv;
+braid_test_func_t braid__shm_test;
+braid_progress_func_t braid__shm_progress;
 
 #endif

@@ -219,8 +219,8 @@ static int send_header(braid_shm_conn *c, braid_req *r, uint64_t *head, size_t *
     if (*space < hdr_len)
         return 0;
     uint8_t hdr[2 * BRAID_SHM_HDR_BYTES];
-    braid_shm_put_le64(hdr, (uint64_t)r->len | (cma ? BRAID_SHM_CMA_FLAG : 0));
-    braid_shm_put_le64(hdr + BRAID_SHM_HDR_BYTES, (uint64_t)(uintptr_t)r->buf);
+    braid__shm_put_le64(hdr, (uint64_t)r->len | (cma ? BRAID_SHM_CMA_FLAG : 0));
+    braid__shm_put_le64(hdr + BRAID_SHM_HDR_BYTES, (uint64_t)(uintptr_t)r->buf);
     ring_write(c, *head, hdr, hdr_len);
     *head += hdr_len;
     *space -= hdr_len;
@@ -242,7 +242,7 @@ static void maybe_rewind(braid_shm_conn *c, const braid_req *r, uint64_t *head, 
     if (off < used + need || c->ring_bytes - off < BRAID_SHM_HDR_BYTES)
         return;
     uint8_t hdr[BRAID_SHM_HDR_BYTES];
-    braid_shm_put_le64(hdr, (uint64_t)(c->ring_bytes - off) | BRAID_SHM_SKIP_FLAG);
+    braid__shm_put_le64(hdr, (uint64_t)(c->ring_bytes - off) | BRAID_SHM_SKIP_FLAG);
     ring_write(c, *head, hdr, sizeof(hdr));
     *head += c->ring_bytes - off;
     *space = off - used;
@@ -304,7 +304,7 @@ static int recv_header(braid_shm_conn *c, braid_req *r, uint64_t *tail, size_t *
         if (*avail < BRAID_SHM_HDR_BYTES)
             return 0;
         ring_read(c, *tail, hdr, BRAID_SHM_HDR_BYTES);
-        word = braid_shm_get_le64(hdr);
+        word = braid__shm_get_le64(hdr);
         if (!(word & BRAID_SHM_SKIP_FLAG))
             break;
         uint64_t skip = word & ~BRAID_SHM_SKIP_FLAG; /* the sender rewound (maybe_rewind) */
@@ -328,7 +328,7 @@ static int recv_header(braid_shm_conn *c, braid_req *r, uint64_t *tail, size_t *
         if (*avail < 2 * BRAID_SHM_HDR_BYTES)
             return 0; /* cannot happen: header and address are published together */
         ring_read(c, *tail + BRAID_SHM_HDR_BYTES, hdr + BRAID_SHM_HDR_BYTES, BRAID_SHM_HDR_BYTES);
-        r->REQ_REMOTE = braid_shm_get_le64(hdr + BRAID_SHM_HDR_BYTES);
+        r->REQ_REMOTE = braid__shm_get_le64(hdr + BRAID_SHM_HDR_BYTES);
         r->REQ_CMA = 1;
         *tail += BRAID_SHM_HDR_BYTES;
         *avail -= BRAID_SHM_HDR_BYTES;
@@ -420,7 +420,7 @@ static braid_status conn_pass(braid_shm_conn *c, int *moved)
     if (c->base.error != BRAID_OK)
         return sticky(c);
     if (!c->warm)
-        braid_shm_conn_warm(c);
+        braid__shm_conn_warm(c);
     if (!c->cma_checked)
         cma_check(c);
     int any = 0;
@@ -474,9 +474,9 @@ static braid_status post_check(braid_shm_conn *c, braid_req *req)
     return BRAID_OK;
 }
 
-braid_status braid_shm_isend(braid_conn *conn, braid_req *req, const void *buf, size_t len)
+braid_status braid__shm_isend(braid_conn *conn, braid_req *req, const void *buf, size_t len)
 {
-    braid_shm_conn *c = braid_shm_conn_of(conn);
+    braid_shm_conn *c = braid__shm_conn_of(conn);
     BRAID_CHECK(post_check(c, req));
     *req = (braid_req){.conn = conn, .kind = BRAID_REQ_SEND, .buf = (void *)buf, .len = len};
     if (c->send_tail)
@@ -488,9 +488,9 @@ braid_status braid_shm_isend(braid_conn *conn, braid_req *req, const void *buf, 
     return conn_pass(c, &moved);
 }
 
-braid_status braid_shm_irecv(braid_conn *conn, braid_req *req, void *buf, size_t len)
+braid_status braid__shm_irecv(braid_conn *conn, braid_req *req, void *buf, size_t len)
 {
-    braid_shm_conn *c = braid_shm_conn_of(conn);
+    braid_shm_conn *c = braid__shm_conn_of(conn);
     BRAID_CHECK(post_check(c, req));
     *req = (braid_req){.conn = conn, .kind = BRAID_REQ_RECV, .buf = buf, .len = len};
     if (c->recv_tail)
@@ -502,9 +502,9 @@ braid_status braid_shm_irecv(braid_conn *conn, braid_req *req, void *buf, size_t
     return conn_pass(c, &moved);
 }
 
-braid_status braid_shm_test(braid_req *req, int *done)
+braid_status braid__shm_test(braid_req *req, int *done)
 {
-    braid_shm_conn *c = braid_shm_conn_of(req->conn);
+    braid_shm_conn *c = braid__shm_conn_of(req->conn);
     if (!req->done) {
         int moved = 0;
         BRAID_CHECK(conn_pass(c, &moved));
@@ -518,20 +518,20 @@ braid_status braid_shm_test(braid_req *req, int *done)
 static braid_status pass_all(braid_conn **conns, int nconns, int *moved)
 {
     for (int i = 0; i < nconns; i++)
-        BRAID_CHECK(conn_pass(braid_shm_conn_of(conns[i]), moved));
+        BRAID_CHECK(conn_pass(braid__shm_conn_of(conns[i]), moved));
     return BRAID_OK;
 }
 
 static void set_sleeping(braid_conn **conns, int nconns, uint32_t v)
 {
     for (int i = 0; i < nconns; i++) {
-        braid_shm_conn *c = braid_shm_conn_of(conns[i]);
+        braid_shm_conn *c = braid__shm_conn_of(conns[i]);
         atomic_store_explicit(&c->region->sleeping[c->side].v, v, memory_order_relaxed);
     }
     atomic_thread_fence(memory_order_seq_cst);
 }
 
-braid_status braid_shm_progress(braid_conn **conns, int nconns, int wake_fd, int timeout_ms)
+braid_status braid__shm_progress(braid_conn **conns, int nconns, int wake_fd, int timeout_ms)
 {
     int moved = 0;
     BRAID_CHECK(pass_all(conns, nconns, &moved));
@@ -553,7 +553,7 @@ braid_status braid_shm_progress(braid_conn **conns, int nconns, int wake_fd, int
     if (moved)
         return BRAID_OK;
     for (int i = 0; i < nconns; i++)
-        BRAID_CHECK(check_gone(braid_shm_conn_of(conns[i])));
+        BRAID_CHECK(check_gone(braid__shm_conn_of(conns[i])));
     if (timeout_ms == 0)
         return BRAID_OK;
 
@@ -568,7 +568,7 @@ braid_status braid_shm_progress(braid_conn **conns, int nconns, int wake_fd, int
     struct pollfd pfd[2 * POLL_MAX + 1];
     int n = 0, nc = nconns < POLL_MAX ? nconns : POLL_MAX;
     for (int i = 0; i < nc; i++) {
-        braid_shm_conn *c = braid_shm_conn_of(conns[i]);
+        braid_shm_conn *c = braid__shm_conn_of(conns[i]);
         pfd[n++] = (struct pollfd){.fd = c->efd[c->side], .events = POLLIN};
         pfd[n++] = (struct pollfd){.fd = c->peer_gone ? -1 : c->sock, .events = POLLIN | POLLRDHUP};
     }
@@ -580,10 +580,10 @@ braid_status braid_shm_progress(braid_conn **conns, int nconns, int wake_fd, int
     if (rc < 0 && err != EINTR) {
         errno = err;
         return braid__error(BRAID_ERR_SYSTEM, "rank %d: poll on %d shared-memory connections: %m",
-                            braid_shm_conn_of(conns[0])->rank, nconns);
+                            braid__shm_conn_of(conns[0])->rank, nconns);
     }
     for (int i = 0; rc > 0 && i < nc; i++) {
-        braid_shm_conn *c = braid_shm_conn_of(conns[i]);
+        braid_shm_conn *c = braid__shm_conn_of(conns[i]);
         if (pfd[2 * i].revents) {
             uint64_t v;
             ssize_t r = read(c->efd[c->side], &v, sizeof(v));
@@ -595,6 +595,6 @@ braid_status braid_shm_progress(braid_conn **conns, int nconns, int wake_fd, int
     BRAID_CHECK(pass_all(conns, nconns, &moved));
     if (!moved)
         for (int i = 0; i < nconns; i++)
-            BRAID_CHECK(check_gone(braid_shm_conn_of(conns[i])));
+            BRAID_CHECK(check_gone(braid__shm_conn_of(conns[i])));
     return BRAID_OK;
 }

@@ -181,7 +181,7 @@ static void finish_setup(shm_listener *l, int i)
         goto err_close_fds;
     }
     int efd[2] = {fds[1], fds[2]};
-    if (braid_shm_conn_create(l->core.ctx.rank, rank, 1, p->fd, fds[0], efd, (size_t)setup.ring_bytes, &c) != BRAID_OK)
+    if (braid__shm_conn_create(l->core.ctx.rank, rank, 1, p->fd, fds[0], efd, (size_t)setup.ring_bytes, &c) != BRAID_OK)
         goto err_close_fds;
     p->fd = -1; /* the connection owns it now */
     pthread_mutex_lock(&l->core.mu);
@@ -332,7 +332,7 @@ static void *accept_main(void *arg)
     return NULL;
 }
 
-braid_status braid_shm_listen(const braid_transport_ctx *ctx, braid_listener **listener, char addr[BRAID_ADDR_MAX])
+braid_status braid__shm_listen(const braid_transport_ctx *ctx, braid_listener **listener, char addr[BRAID_ADDR_MAX])
 {
     braid_status st;
     if (ctx->size < 1 || ctx->rank < 0 || ctx->rank >= ctx->size)
@@ -385,7 +385,7 @@ err_free:
     return st;
 }
 
-braid_status braid_shm_accept(braid_listener *listener, int peer, int timeout_ms, braid_conn **conn)
+braid_status braid__shm_accept(braid_listener *listener, int peer, int timeout_ms, braid_conn **conn)
 {
     shm_listener *l = listener_of(listener);
     struct timespec ts;
@@ -415,7 +415,7 @@ out_unlock:
     return st;
 }
 
-void braid_shm_close_listener(braid_listener *listener)
+void braid__shm_close_listener(braid_listener *listener)
 {
     if (!listener)
         return;
@@ -423,7 +423,7 @@ void braid_shm_close_listener(braid_listener *listener)
     braid__acceptor_stop(&l->core);
     for (int r = 0; r < l->core.ctx.size; r++)
         if (l->parked[r])
-            braid_shm_close(&l->parked[r]->base);
+            braid__shm_close(&l->parked[r]->base);
     free(l->parked);
     free(l->taken);
     free(l->claimed);
@@ -463,8 +463,8 @@ static braid_status send_setup(int fd, size_t ring_bytes, const int fds[3], int6
     }
 }
 
-braid_status braid_shm_connect(const braid_transport_ctx *ctx, int peer, const char *addr, int timeout_ms,
-                               braid_conn **conn)
+braid_status braid__shm_connect(const braid_transport_ctx *ctx, int peer, const char *addr, int timeout_ms,
+                                braid_conn **conn)
 {
     braid_status st;
     char what[BRAID_ADDR_MAX + 64];
@@ -511,11 +511,11 @@ braid_status braid_shm_connect(const braid_transport_ctx *ctx, int peer, const c
         goto err_close_sock;
     }
     int memfd, efd[2];
-    BRAID_CHECK_GOTO(braid_shm_region_create(ctx->rank, peer, BRAID_SHM_RING_BYTES, &memfd, efd), st, err_close_sock);
+    BRAID_CHECK_GOTO(braid__shm_region_create(ctx->rank, peer, BRAID_SHM_RING_BYTES, &memfd, efd), st, err_close_sock);
     int fds[3] = {memfd, efd[0], efd[1]};
     BRAID_CHECK_GOTO(send_setup(fd, BRAID_SHM_RING_BYTES, fds, deadline, what), st, err_close_region);
     braid_shm_conn *c;
-    BRAID_CHECK_GOTO(braid_shm_conn_create(ctx->rank, peer, 0, fd, memfd, efd, BRAID_SHM_RING_BYTES, &c), st,
+    BRAID_CHECK_GOTO(braid__shm_conn_create(ctx->rank, peer, 0, fd, memfd, efd, BRAID_SHM_RING_BYTES, &c), st,
                      err_close_region);
     BRAID_INFO("rank %d: connected to shared-memory peer %d", ctx->rank, peer);
     *conn = &c->base;

@@ -25,13 +25,4 @@ static braid_status shm_probe(char *why, size_t why_len)
     return BRAID_OK;
 }
 
-const braid_transport_ops braid__shm_ops = {
-    .size = sizeof(braid_transport_ops),
-    .name = "shm",
-    .probe = shm_probe,
-    .listen = braid_shm_listen, .accept = braid_shm_accept, .close_listener = braid_shm_close_listener,
-    .connect = braid_shm_connect,
-    .reg_mem = braid__reg_mem_none, .dereg_mem = braid__dereg_mem_none,
-    .isend = braid_shm_isend, .irecv = braid_shm_irecv, .test = braid_shm_test,
-    .progress = braid_shm_progress, .close = braid_shm_close,
-};
+const braid_transport_ops braid__shm_ops = BRAID_COPY_TRANSPORT_OPS(shm, shm_probe);

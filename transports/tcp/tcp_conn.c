@@ -14,7 +14,7 @@
 
 #define DEFAULT_TIMEOUT_MS 300000
 
-void braid_tcp_stripe(size_t msg_len, int nsocks, int k, size_t *off, size_t *len)
+void braid__tcp_stripe(size_t msg_len, int nsocks, int k, size_t *off, size_t *len)
 {
     if (nsocks <= 1 || msg_len < BRAID_TCP_STRIPE_MIN) {
         *off = 0;
@@ -32,8 +32,8 @@ void braid_tcp_stripe(size_t msg_len, int nsocks, int k, size_t *off, size_t *le
     *len = end - start;
 }
 
-braid_status braid_tcp_conn_create(int rank, int peer, int nsocks, const int *fds, const char *addr,
-                                   braid_tcp_conn **conn)
+braid_status braid__tcp_conn_create(int rank, int peer, int nsocks, const int *fds, const char *addr,
+                                    braid_tcp_conn **conn)
 {
     braid_tcp_conn *c = calloc(1, sizeof(*c) + (size_t)nsocks * sizeof(c->socks[0]));
     if (!c)
@@ -56,11 +56,11 @@ braid_status braid_tcp_conn_create(int rank, int peer, int nsocks, const int *fd
     return BRAID_OK;
 }
 
-void braid_tcp_close(braid_conn *conn)
+void braid__tcp_close(braid_conn *conn)
 {
     if (!conn)
         return;
-    braid_tcp_conn *c = braid_tcp_conn_of(conn);
+    braid_tcp_conn *c = braid__tcp_conn_of(conn);
     /* Pending requests are abandoned: they belong to the caller. */
     for (int k = 0; k < c->nsocks; k++)
         close(c->socks[k].fd);
@@ -129,8 +129,8 @@ static int auto_nsocks(const braid_sockaddr *sa)
     return BRAID_TCP_DEFAULT_SOCKS;
 }
 
-braid_status braid_tcp_connect(const braid_transport_ctx *ctx, int peer, const char *addr, int timeout_ms,
-                               braid_conn **conn)
+braid_status braid__tcp_connect(const braid_transport_ctx *ctx, int peer, const char *addr, int timeout_ms,
+                                braid_conn **conn)
 {
     braid_sockaddr sa;
     BRAID_CHECK(braid__sock_addr_parse(addr, &sa));
@@ -151,7 +151,7 @@ braid_status braid_tcp_connect(const braid_transport_ctx *ctx, int peer, const c
     for (; opened < nsocks; opened++)
         BRAID_CHECK_GOTO(connect_one(ctx, peer, &sa, addr, opened, nsocks, deadline, &fds[opened]), st, err_close_fds);
     braid_tcp_conn *c;
-    BRAID_CHECK_GOTO(braid_tcp_conn_create(ctx->rank, peer, nsocks, fds, addr, &c), st, err_close_fds);
+    BRAID_CHECK_GOTO(braid__tcp_conn_create(ctx->rank, peer, nsocks, fds, addr, &c), st, err_close_fds);
     BRAID_INFO("rank %d: connected to peer %d at %s with %d socket%s", ctx->rank, peer, addr, nsocks,
                nsocks > 1 ? "s" : "");
     *conn = &c->base;

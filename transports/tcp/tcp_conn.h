@@ -51,7 +51,7 @@ typedef struct {
     braid_tcp_sock socks[]; /* [nsocks] */
 } braid_tcp_conn;
 
-static inline braid_tcp_conn *braid_tcp_conn_of(braid_conn *conn)
+static inline braid_tcp_conn *braid__tcp_conn_of(braid_conn *conn)
 {
     return (braid_tcp_conn *)conn; /* base is the first member */
 }
@@ -59,22 +59,22 @@ static inline braid_tcp_conn *braid_tcp_conn_of(braid_conn *conn)
 /* Wrap nsocks connected, authenticated sockets (fds[k] = socket k) into a
  * connection. On success the connection owns the fds; on failure the
  * caller still does. */
-braid_status braid_tcp_conn_create(int rank, int peer, int nsocks, const int *fds, const char *addr,
-                                   braid_tcp_conn **conn);
+braid_status braid__tcp_conn_create(int rank, int peer, int nsocks, const int *fds, const char *addr,
+                                    braid_tcp_conn **conn);
 
 /* Stripe layout: bytes [*off, *off + *len) of a message of msg_len go on
  * socket k of nsocks. */
-void braid_tcp_stripe(size_t msg_len, int nsocks, int k, size_t *off, size_t *len);
+void braid__tcp_stripe(size_t msg_len, int nsocks, int k, size_t *off, size_t *len);
 
 /* Ops (tcp_conn.c, tcp_data.c, tcp_listen.c), declared by slot type (common/ops.h). */
-braid_listen_func_t braid_tcp_listen;
-braid_accept_func_t braid_tcp_accept;
-braid_close_listener_func_t braid_tcp_close_listener;
-braid_connect_func_t braid_tcp_connect;
-braid_close_func_t braid_tcp_close;
-braid_isend_func_t braid_tcp_isend;
-braid_irecv_func_t braid_tcp_irecv;
-braid_test_func_t braid_tcp_test;
-braid_progress_func_t braid_tcp_progress;
+braid_listen_func_t braid__tcp_listen;
+braid_accept_func_t braid__tcp_accept;
+braid_close_listener_func_t braid__tcp_close_listener;
+braid_connect_func_t braid__tcp_connect;
+braid_close_func_t braid__tcp_close;
+braid_isend_func_t braid__tcp_isend;
+braid_irecv_func_t braid__tcp_irecv;
+braid_test_func_t braid__tcp_test;
+braid_progress_func_t braid__tcp_progress;
 
 #endif

@@ -52,7 +52,7 @@ static size_t hdr_bytes(int k)
 static size_t work_bytes(const braid_tcp_conn *c, const braid_req *r, int k)
 {
     size_t off, len;
-    braid_tcp_stripe(r->len, c->nsocks, k, &off, &len);
+    braid__tcp_stripe(r->len, c->nsocks, k, &off, &len);
     return len + hdr_bytes(k);
 }
 
@@ -112,7 +112,7 @@ static int build_iov(const braid_tcp_conn *c, int k, braid_req *r, size_t off, s
     int n = 0;
     for (; r && n <= IOV_BATCH - 2; r = next_for(c, r->next, k), off = 0) {
         size_t s_off, s_len, h = hdr_bytes(k);
-        braid_tcp_stripe(r->len, c->nsocks, k, &s_off, &s_len);
+        braid__tcp_stripe(r->len, c->nsocks, k, &s_off, &s_len);
         if (off < h) {
             iov[n++] = (struct iovec){(uint8_t *)&r->tp[TP_HDR] + off, h - off};
             off = h;
@@ -289,23 +289,23 @@ static braid_status post(braid_tcp_conn *c, braid_req *req, braid_req_kind kind,
     return BRAID_OK;
 }
 
-braid_status braid_tcp_isend(braid_conn *conn, braid_req *req, const void *buf, size_t len)
+braid_status braid__tcp_isend(braid_conn *conn, braid_req *req, const void *buf, size_t len)
 {
-    return post(braid_tcp_conn_of(conn), req, BRAID_REQ_SEND, (void *)buf, len);
+    return post(braid__tcp_conn_of(conn), req, BRAID_REQ_SEND, (void *)buf, len);
 }
 
-braid_status braid_tcp_irecv(braid_conn *conn, braid_req *req, void *buf, size_t len)
+braid_status braid__tcp_irecv(braid_conn *conn, braid_req *req, void *buf, size_t len)
 {
-    return post(braid_tcp_conn_of(conn), req, BRAID_REQ_RECV, buf, len);
+    return post(braid__tcp_conn_of(conn), req, BRAID_REQ_RECV, buf, len);
 }
 
-braid_status braid_tcp_test(braid_req *req, int *done)
+braid_status braid__tcp_test(braid_req *req, int *done)
 {
     if (req->done) {
         *done = 1;
         return BRAID_OK;
     }
-    braid_tcp_conn *c = braid_tcp_conn_of(req->conn);
+    braid_tcp_conn *c = braid__tcp_conn_of(req->conn);
     int moved = 0;
     braid_status st = conn_progress(c, &moved);
     *done = req->done;
@@ -366,16 +366,16 @@ static braid_status spin(braid_conn **conns, int nconns, int *moved)
     do {
         sched_yield();
         for (int i = 0; i < nconns; i++)
-            BRAID_CHECK(conn_progress(braid_tcp_conn_of(conns[i]), moved));
+            BRAID_CHECK(conn_progress(braid__tcp_conn_of(conns[i]), moved));
     } while (!*moved && braid__now_us() < until);
     return BRAID_OK;
 }
 
-braid_status braid_tcp_progress(braid_conn **conns, int nconns, int wake_fd, int timeout_ms)
+braid_status braid__tcp_progress(braid_conn **conns, int nconns, int wake_fd, int timeout_ms)
 {
     int moved = 0, total = 0;
     for (int i = 0; i < nconns; i++) {
-        braid_tcp_conn *c = braid_tcp_conn_of(conns[i]);
+        braid_tcp_conn *c = braid__tcp_conn_of(conns[i]);
         BRAID_CHECK(conn_progress(c, &moved));
         /* A request that completed inside an earlier test() call counts
          * as progress: the caller may have tested it before it finished,
@@ -399,7 +399,7 @@ braid_status braid_tcp_progress(braid_conn **conns, int nconns, int wake_fd, int
     }
     int n = 0;
     for (int i = 0; i < nconns; i++) {
-        braid_tcp_conn *c = braid_tcp_conn_of(conns[i]);
+        braid_tcp_conn *c = braid__tcp_conn_of(conns[i]);
         for (int k = 0; k < c->nsocks; k++) {
             short ev = sock_events(&c->socks[k]);
             fds[n++] = (struct pollfd){.fd = ev ? c->socks[k].fd : -1, .events = ev};
@@ -421,7 +421,7 @@ braid_status braid_tcp_progress(braid_conn **conns, int nconns, int wake_fd, int
     if (rc > 0) {
         int j = 0;
         for (int i = 0; i < nconns && st == BRAID_OK; i++) {
-            braid_tcp_conn *c = braid_tcp_conn_of(conns[i]);
+            braid_tcp_conn *c = braid__tcp_conn_of(conns[i]);
             for (int k = 0; k < c->nsocks && st == BRAID_OK; k++, j++) {
                 short re = fds[j].revents;
                 if (re && !c->socks[k].recv_cur && (re & (POLLRDHUP | POLLHUP | POLLERR)))
@@ -429,7 +429,7 @@ braid_status braid_tcp_progress(braid_conn **conns, int nconns, int wake_fd, int
             }
         }
         for (int i = 0; i < nconns && st == BRAID_OK; i++)
-            st = conn_progress(braid_tcp_conn_of(conns[i]), &moved);
+            st = conn_progress(braid__tcp_conn_of(conns[i]), &moved);
     }
 
 out_free:

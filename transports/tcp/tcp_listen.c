@@ -358,7 +358,7 @@ static braid_status listener_addr(tcp_listener *l, int port)
     return BRAID_OK;
 }
 
-braid_status braid_tcp_listen(const braid_transport_ctx *ctx, braid_listener **listener, char addr[BRAID_ADDR_MAX])
+braid_status braid__tcp_listen(const braid_transport_ctx *ctx, braid_listener **listener, char addr[BRAID_ADDR_MAX])
 {
     braid_status st;
     if (ctx->size < 1 || ctx->rank < 0 || ctx->rank >= ctx->size)
@@ -392,7 +392,7 @@ err_free:
     return st;
 }
 
-braid_status braid_tcp_accept(braid_listener *listener, int peer, int timeout_ms, braid_conn **conn)
+braid_status braid__tcp_accept(braid_listener *listener, int peer, int timeout_ms, braid_conn **conn)
 {
     tcp_listener *l = listener_of(listener);
     struct timespec ts;
@@ -425,7 +425,7 @@ braid_status braid_tcp_accept(braid_listener *listener, int peer, int timeout_ms
     pthread_mutex_unlock(&l->core.mu);
 
     braid_tcp_conn *c;
-    st = braid_tcp_conn_create(l->core.ctx.rank, peer, nsocks, fds, addr, &c);
+    st = braid__tcp_conn_create(l->core.ctx.rank, peer, nsocks, fds, addr, &c);
     if (st != BRAID_OK) {
         for (int k = 0; k < nsocks; k++)
             close(fds[k]);
@@ -441,7 +441,7 @@ out_unlock:
     return st;
 }
 
-void braid_tcp_close_listener(braid_listener *listener)
+void braid__tcp_close_listener(braid_listener *listener)
 {
     if (!listener)
         return;

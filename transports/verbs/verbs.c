@@ -97,7 +97,7 @@ static void verbs_close_listener(braid_listener *listener)
 
 static braid_status verbs_reg_mem(braid_conn *conn, void *buf, size_t len, void **handle)
 {
-    braid_verbs_conn *c = braid_verbs_conn_of(conn);
+    braid_verbs_conn *c = braid__verbs_conn_of(conn);
     if (!buf || len == 0) {
         *handle = NULL;
         return BRAID_OK;
@@ -106,7 +106,7 @@ static braid_status verbs_reg_mem(braid_conn *conn, void *buf, size_t len, void 
     if (!h)
         return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for a registration handle", c->rank);
     pthread_mutex_lock(&c->dev->mu);
-    int err = braid_verbs_regcache_acquire(&c->dev->cache, buf, len, 1, &h->region);
+    int err = braid__verbs_regcache_acquire(&c->dev->cache, buf, len, 1, &h->region);
     pthread_mutex_unlock(&c->dev->mu);
     if (err) {
         free(h);
@@ -121,13 +121,13 @@ static braid_status verbs_reg_mem(braid_conn *conn, void *buf, size_t len, void 
 
 static braid_status verbs_dereg_mem(braid_conn *conn, void *handle)
 {
-    braid_verbs_conn *c = braid_verbs_conn_of(conn);
+    braid_verbs_conn *c = braid__verbs_conn_of(conn);
     braid_verbs_reg *h = handle;
     if (!h)
         return BRAID_OK;
     pthread_mutex_lock(&c->dev->mu);
-    braid_verbs_regcache_release(&c->dev->cache, h->region);
-    braid_verbs_regcache_invalidate(&c->dev->cache, h->buf, h->len);
+    braid__verbs_regcache_release(&c->dev->cache, h->region);
+    braid__verbs_regcache_invalidate(&c->dev->cache, h->buf, h->len);
     pthread_mutex_unlock(&c->dev->mu);
     free(h);
     return BRAID_OK;
@@ -164,21 +164,21 @@ static braid_status post(braid_verbs_conn *c, braid_req *req, braid_req_kind kin
         c->pre_tail = req;
         return BRAID_OK;
     }
-    braid_status st = kind == BRAID_REQ_SEND ? braid_verbs_engine_isend(&c->eng, req, buf, len)
-                                             : braid_verbs_engine_irecv(&c->eng, req, buf, len);
+    braid_status st = kind == BRAID_REQ_SEND ? braid__verbs_engine_isend(&c->eng, req, buf, len)
+                                             : braid__verbs_engine_irecv(&c->eng, req, buf, len);
     return st == BRAID_OK ? st : braid__verbs_conn_failed(c, st);
 }
 
 static braid_status verbs_isend(braid_conn *conn, braid_req *req, const void *buf, size_t len)
 {
-    braid_verbs_conn *c = braid_verbs_conn_of(conn);
+    braid_verbs_conn *c = braid__verbs_conn_of(conn);
     BRAID_CHECK(post_check(c, req, buf, len, "send"));
     return post(c, req, BRAID_REQ_SEND, (void *)buf, len);
 }
 
 static braid_status verbs_irecv(braid_conn *conn, braid_req *req, void *buf, size_t len)
 {
-    braid_verbs_conn *c = braid_verbs_conn_of(conn);
+    braid_verbs_conn *c = braid__verbs_conn_of(conn);
     BRAID_CHECK(post_check(c, req, buf, len, "receive"));
     return post(c, req, BRAID_REQ_RECV, buf, len);
 }

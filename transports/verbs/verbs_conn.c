@@ -34,7 +34,7 @@ braid_status braid__verbs_conn_failed(braid_verbs_conn *c, braid_status st)
     /* Forget queued transfers: their owners may unwind now. */
     c->pre_head = c->pre_tail = NULL;
     if (c->eng_ready)
-        braid_verbs_engine_abandon(&c->eng);
+        braid__verbs_engine_abandon(&c->eng);
     return st;
 }
 
@@ -137,7 +137,7 @@ static braid_status send_info(braid_verbs_conn *c, int64_t deadline)
         .rank = c->rank,
     };
     memcpy(mine.gid, dev->gid.raw, 16);
-    braid_verbs_info_encode(&mine, c->hs_out);
+    braid__verbs_info_encode(&mine, c->hs_out);
     braid_conn *o = c->oob;
     BRAID_CHECK(o->ops->isend(o, &c->hs_send, c->hs_out, sizeof(c->hs_out)));
     BRAID_CHECK(o->ops->irecv(o, &c->hs_recv, c->hs_in, sizeof(c->hs_in)));
@@ -196,7 +196,7 @@ err_destroy:
 static braid_status check_info(braid_verbs_conn *c, braid_verbs_info *remote)
 {
     char why[160];
-    if (braid_verbs_info_decode(c->hs_in, sizeof(c->hs_in), remote, why, sizeof(why)) != BRAID_OK)
+    if (braid__verbs_info_decode(c->hs_in, sizeof(c->hs_in), remote, why, sizeof(why)) != BRAID_OK)
         return braid__error(BRAID_ERR_PEER, "rank %d: peer %d sent a bad verbs set-up message: %s", c->rank,
                             c->base.peer, why);
     if (remote->rank != c->base.peer)
@@ -248,13 +248,13 @@ static braid_status connect_qp(braid_verbs_conn *c)
     };
     braid_verbs_io io;
     braid__verbs_conn_io(c, &io);
-    BRAID_CHECK(braid_verbs_engine_init(&c->eng, &ec, &io));
+    BRAID_CHECK(braid__verbs_engine_init(&c->eng, &ec, &io));
     c->eng_ready = 1;
     BRAID_CHECK(braid__verbs_qp_connect(c->qp, c->dev, &remote, c->psn, c->rank, c->base.peer));
     BRAID_INFO("rank %d: verbs connection to peer %d on %s port %u: qpn %u -> %u, mtu %u, window %u x %u bytes "
                "(receive ring %u x %u)",
                c->rank, c->base.peer, c->dev->name, c->dev->port, c->qp->qp_num, remote.qpn,
-               braid_verbs_mtu_bytes((uint8_t)c->dev->mtu < remote.mtu ? (uint8_t)c->dev->mtu : remote.mtu), window,
+               braid__verbs_mtu_bytes((uint8_t)c->dev->mtu < remote.mtu ? (uint8_t)c->dev->mtu : remote.mtu), window,
                remote.slot_bytes, c->nslots, c->slot_bytes);
     return BRAID_OK;
 }
@@ -267,8 +267,8 @@ static braid_status release_waiting(braid_verbs_conn *c)
         c->pre_head = req->next;
         if (!c->pre_head)
             c->pre_tail = NULL;
-        braid_status st = req->kind == BRAID_REQ_SEND ? braid_verbs_engine_isend(&c->eng, req, req->buf, req->len)
-                                                      : braid_verbs_engine_irecv(&c->eng, req, req->buf, req->len);
+        braid_status st = req->kind == BRAID_REQ_SEND ? braid__verbs_engine_isend(&c->eng, req, req->buf, req->len)
+                                                      : braid__verbs_engine_irecv(&c->eng, req, req->buf, req->len);
         if (st != BRAID_OK)
             return st;
     }
@@ -367,7 +367,7 @@ static void destroy(braid_verbs_conn *c)
     if (c->qp)
         flush(c);
     if (c->eng_ready)
-        braid_verbs_engine_fini(&c->eng);
+        braid__verbs_engine_fini(&c->eng);
     if (c->qp && ibv_destroy_qp(c->qp) != 0)
         BRAID_WARN("rank %d: peer %d: ibv_destroy_qp: %m", c->rank, c->base.peer);
     if (c->cq) {
@@ -394,23 +394,23 @@ void braid__verbs_conn_close(braid_conn *conn)
 {
     if (!conn)
         return;
-    braid_verbs_conn *c = braid_verbs_conn_of(conn);
+    braid_verbs_conn *c = braid__verbs_conn_of(conn);
     c->closing = 1;
     c->pre_head = c->pre_tail = NULL;
     /* Only a connection that is up can say goodbye: before that the peer
      * may not be able to receive it. It sees our TCP end instead. */
     if (c->hs == BRAID_VERBS_HS_UP && c->base.error == BRAID_OK) {
-        braid_verbs_engine_abandon(&c->eng);
+        braid__verbs_engine_abandon(&c->eng);
         int moved;
         /* A goodbye may already be waiting: then the peer needs none back. */
         if (braid__verbs_conn_pass(c, &moved) == BRAID_OK && !c->qp_dead && !c->oob_gone_ms &&
-            braid_verbs_engine_close(&c->eng)) {
+            braid__verbs_engine_close(&c->eng)) {
             /* Our goodbye follows every chunk we posted; once it completes
              * the peer has them all, even if it reads them after we are
              * gone. A peer whose TCP end closed will never ack it. */
             int limit = c->timeout_ms > 0 && c->timeout_ms < DRAIN_MAX_MS ? c->timeout_ms : DRAIN_MAX_MS;
             int64_t deadline = braid__now_ms() + limit;
-            while (!braid_verbs_engine_drained(&c->eng) && !c->qp_dead && !c->oob_gone_ms &&
+            while (!braid__verbs_engine_drained(&c->eng) && !c->qp_dead && !c->oob_gone_ms &&
                    braid__now_ms() < deadline) {
                 if (braid__verbs_conn_pass(c, &moved) != BRAID_OK)
                     break;

@@ -72,7 +72,7 @@ typedef struct braid_verbs_conn {
     int eng_ready;
 } braid_verbs_conn;
 
-static inline braid_verbs_conn *braid_verbs_conn_of(braid_conn *conn)
+static inline braid_verbs_conn *braid__verbs_conn_of(braid_conn *conn)
 {
     return (braid_verbs_conn *)conn; /* base is the first member */
 }

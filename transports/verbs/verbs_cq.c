@@ -34,7 +34,7 @@ static braid_status poll_cq(braid_verbs_conn *c, int *moved)
     for (;;) {
         int n = ibv_poll_cq(c->cq, POLL_BATCH, wc);
         if (n < 0)
-            return braid_verbs_engine_fail(&c->eng, BRAID_ERR_SYSTEM, "ibv_poll_cq failed (%d)", n);
+            return braid__verbs_engine_fail(&c->eng, BRAID_ERR_SYSTEM, "ibv_poll_cq failed (%d)", n);
         if (n == 0)
             return BRAID_OK;
         *moved = 1;
@@ -53,18 +53,18 @@ static braid_status poll_cq(braid_verbs_conn *c, int *moved)
                 char cause[160];
                 snprintf(cause, sizeof(cause), "%s (status %d, vendor error 0x%x)", ibv_wc_status_str(w->status),
                          (int)w->status, w->vendor_err);
-                st = braid_verbs_engine_on_error(&c->eng, w->wr_id, cause);
+                st = braid__verbs_engine_on_error(&c->eng, w->wr_id, cause);
             } else if (BRAID_VERBS_WR_KIND(w->wr_id) == BRAID_VERBS_WR_RECV) {
                 reposts++;
                 if (!(w->wc_flags & IBV_WC_WITH_IMM))
-                    st = braid_verbs_engine_fail(&c->eng, BRAID_ERR_PEER,
-                                                 "peer sent a message without immediate data (opcode %d)",
-                                                 (int)w->opcode);
+                    st = braid__verbs_engine_fail(&c->eng, BRAID_ERR_PEER,
+                                                  "peer sent a message without immediate data (opcode %d)",
+                                                  (int)w->opcode);
                 else
-                    st = braid_verbs_engine_on_recv(&c->eng, ntohl(w->imm_data), w->byte_len,
-                                                    w->opcode == IBV_WC_RECV_RDMA_WITH_IMM);
+                    st = braid__verbs_engine_on_recv(&c->eng, ntohl(w->imm_data), w->byte_len,
+                                                     w->opcode == IBV_WC_RECV_RDMA_WITH_IMM);
             } else {
-                st = braid_verbs_engine_on_send(&c->eng, w->wr_id);
+                st = braid__verbs_engine_on_send(&c->eng, w->wr_id);
             }
             if (st != BRAID_OK)
                 return st;
@@ -74,8 +74,8 @@ static braid_status poll_cq(braid_verbs_conn *c, int *moved)
         if (reposts && !c->qp_dead) {
             int err = braid__verbs_post_recvs(c, reposts);
             if (err)
-                return braid_verbs_engine_fail(&c->eng, BRAID_ERR_SYSTEM, "cannot repost %u receives: %s", reposts,
-                                               strerror(err));
+                return braid__verbs_engine_fail(&c->eng, BRAID_ERR_SYSTEM, "cannot repost %u receives: %s", reposts,
+                                                strerror(err));
         }
         if (n < POLL_BATCH)
             return BRAID_OK;
@@ -101,8 +101,8 @@ static braid_status oob_check(braid_verbs_conn *c)
     }
     if (now - c->oob_gone_ms < OOB_GRACE_MS)
         return BRAID_OK;
-    return braid_verbs_engine_fail(&c->eng, BRAID_ERR_PEER,
-                                   "the peer's TCP connection ended without a verbs goodbye (the process died?)");
+    return braid__verbs_engine_fail(&c->eng, BRAID_ERR_PEER,
+                                    "the peer's TCP connection ended without a verbs goodbye (the process died?)");
 }
 
 braid_status braid__verbs_conn_pass(braid_verbs_conn *c, int *moved)
@@ -117,7 +117,7 @@ braid_status braid__verbs_conn_pass(braid_verbs_conn *c, int *moved)
             return BRAID_OK;
     }
     BRAID_CHECK_GOTO(poll_cq(c, moved), st, err_failed);
-    BRAID_CHECK_GOTO(braid_verbs_engine_advance(&c->eng, &m), st, err_failed);
+    BRAID_CHECK_GOTO(braid__verbs_engine_advance(&c->eng, &m), st, err_failed);
     *moved |= m;
     BRAID_CHECK_GOTO(oob_check(c), st, err_failed);
     return BRAID_OK;
@@ -154,7 +154,7 @@ braid_status braid__verbs_test(braid_req *req, int *done)
         *done = 1;
         return BRAID_OK;
     }
-    braid_verbs_conn *c = braid_verbs_conn_of(req->conn);
+    braid_verbs_conn *c = braid__verbs_conn_of(req->conn);
     int moved = 0;
     braid_status st = braid__verbs_conn_pass(c, &moved);
     *done = req->done;
@@ -175,11 +175,11 @@ braid_status braid__verbs_progress(braid_conn **conns, int nconns, int wake_fd, 
     for (;;) {
         int moved = 0;
         for (int i = 0; i < nconns; i++)
-            BRAID_CHECK_GOTO(braid__verbs_conn_pass(braid_verbs_conn_of(conns[i]), &moved), st, out);
+            BRAID_CHECK_GOTO(braid__verbs_conn_pass(braid__verbs_conn_of(conns[i]), &moved), st, out);
         if (moved || timeout_ms == 0)
             goto out;
         for (int i = 0; i < nconns; i++)
-            BRAID_CHECK_GOTO(braid__verbs_conn_arm(braid_verbs_conn_of(conns[i]), &moved), st, out);
+            BRAID_CHECK_GOTO(braid__verbs_conn_arm(braid__verbs_conn_of(conns[i]), &moved), st, out);
         if (moved)
             goto out;
         int64_t left = deadline - braid__now_ms();
@@ -187,11 +187,11 @@ braid_status braid__verbs_progress(braid_conn **conns, int nconns, int wake_fd, 
             goto out;
         int slice = WAIT_SLICE_MS;
         for (int i = 0; i < nconns; i++)
-            if (braid_verbs_conn_of(conns[i])->hs != BRAID_VERBS_HS_UP)
+            if (braid__verbs_conn_of(conns[i])->hs != BRAID_VERBS_HS_UP)
                 slice = HANDSHAKE_SLICE_MS;
         int n = 0;
         for (int i = 0; i < nconns; i++)
-            fds[n++] = (struct pollfd){.fd = braid_verbs_conn_of(conns[i])->chan->fd, .events = POLLIN};
+            fds[n++] = (struct pollfd){.fd = braid__verbs_conn_of(conns[i])->chan->fd, .events = POLLIN};
         if (wake_fd >= 0)
             fds[n++] = (struct pollfd){.fd = wake_fd, .events = POLLIN};
         int rc = poll(fds, (nfds_t)n, left < slice ? (int)left : slice);
@@ -203,7 +203,7 @@ braid_status braid__verbs_progress(braid_conn **conns, int nconns, int wake_fd, 
             continue;
         for (int i = 0; i < nconns; i++)
             if (fds[i].revents)
-                braid__verbs_conn_ack_events(braid_verbs_conn_of(conns[i]));
+                braid__verbs_conn_ack_events(braid__verbs_conn_of(conns[i]));
         if (wake_fd >= 0 && fds[nconns].revents)
             goto out; /* the owner wants control back; it drains wake_fd */
     }

@@ -123,7 +123,7 @@ static int pick_gid(struct ibv_context *ctx, const char *ibdev_path, const char 
     int n = tbl_len < MAX_GIDS ? tbl_len : MAX_GIDS;
     for (int i = 0; i < n; i++)
         present[i] = gid_entry(ctx, ibdev_path, port, i, gids[i], &types[i]) == 0;
-    int idx = braid_verbs_gid_pick((const uint8_t(*)[16])gids, types, present, n);
+    int idx = braid__verbs_gid_pick((const uint8_t(*)[16])gids, types, present, n);
     if (idx < 0) {
         for (int i = 0; i < n && idx < 0; i++)
             if (present[i] && gid_nonzero(gids[i]))
@@ -253,7 +253,7 @@ static braid_status discover(found_port *f, char *why, size_t cap)
     if (spec) {
         braid_verbs_hca want[BRAID_VERBS_HCA_MAX];
         int nwant;
-        if (braid_verbs_hca_parse(spec, want, BRAID_VERBS_HCA_MAX, &nwant, why, cap) != BRAID_OK)
+        if (braid__verbs_hca_parse(spec, want, BRAID_VERBS_HCA_MAX, &nwant, why, cap) != BRAID_OK)
             goto out_free;
         for (int w = 0; w < nwant; w++) {
             int i = 0;
@@ -405,7 +405,7 @@ static braid_status dev_open(int rank, braid_verbs_dev **out)
         .max_regions = (size_t)braid__param_int("BRAID_IB_REGCACHE_MAX", 256),
         .max_bytes = (size_t)braid__param_int("BRAID_IB_REGCACHE_BYTES", 8ll << 30),
     };
-    if (braid_verbs_regcache_init(&dev->cache, &cc) != 0) {
+    if (braid__verbs_regcache_init(&dev->cache, &cc) != 0) {
         st = braid__error(BRAID_ERR_INVALID_ARG, "rank %d: BRAID_IB_REGCACHE_MAX must be at least 1", rank);
         goto err_pd;
     }
@@ -420,7 +420,7 @@ static braid_status dev_open(int rank, braid_verbs_dev **out)
     }
     BRAID_INFO("rank %d: verbs device %s port %u, %s, mtu %u, lid %u, gid index %s", rank, dev->name, dev->port,
                dev->link_layer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand",
-               braid_verbs_mtu_bytes((uint8_t)dev->mtu), dev->lid, gid_text);
+               braid__verbs_mtu_bytes((uint8_t)dev->mtu), dev->lid, gid_text);
     *out = dev;
     return BRAID_OK;
 
@@ -434,7 +434,7 @@ err_close:
 
 static void dev_close(braid_verbs_dev *dev)
 {
-    size_t leaked = braid_verbs_regcache_fini(&dev->cache);
+    size_t leaked = braid__verbs_regcache_fini(&dev->cache);
     if (leaked)
         BRAID_WARN("verbs: %zu memory registrations still in use at close (missing dereg_mem?)", leaked);
     if (ibv_dealloc_pd(dev->pd) != 0)

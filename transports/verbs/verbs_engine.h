@@ -94,44 +94,44 @@ typedef struct {
 } braid_verbs_engine;
 
 /* Geometry is validated here (BRAID_ERR_INVALID_ARG on a bad one). */
-braid_status braid_verbs_engine_init(braid_verbs_engine *e, const braid_verbs_engine_cfg *cfg,
-                                     const braid_verbs_io *io);
+braid_status braid__verbs_engine_init(braid_verbs_engine *e, const braid_verbs_engine_cfg *cfg,
+                                      const braid_verbs_io *io);
 /* Return borrowed registrations. Call once no posted work can still read
  * them (queue pair drained or destroyed). */
-void braid_verbs_engine_fini(braid_verbs_engine *e);
+void braid__verbs_engine_fini(braid_verbs_engine *e);
 
 /* Queue a transfer; the engine also tries to move it at once. */
-braid_status braid_verbs_engine_isend(braid_verbs_engine *e, braid_req *req, const void *buf, size_t len);
-braid_status braid_verbs_engine_irecv(braid_verbs_engine *e, braid_req *req, void *buf, size_t len);
+braid_status braid__verbs_engine_isend(braid_verbs_engine *e, braid_req *req, const void *buf, size_t len);
+braid_status braid__verbs_engine_irecv(braid_verbs_engine *e, braid_req *req, void *buf, size_t len);
 
 /* Completions, in the order the completion queue gave them. */
-braid_status braid_verbs_engine_on_send(braid_verbs_engine *e, uint64_t wr_id);
-braid_status braid_verbs_engine_on_recv(braid_verbs_engine *e, uint32_t imm, uint32_t byte_len, int is_write);
+braid_status braid__verbs_engine_on_send(braid_verbs_engine *e, uint64_t wr_id);
+braid_status braid__verbs_engine_on_recv(braid_verbs_engine *e, uint32_t imm, uint32_t byte_len, int is_write);
 /* A failed completion: fails the engine with `cause`, unless the peer has
  * already said goodbye and no send of ours still waits on a completion. */
-braid_status braid_verbs_engine_on_error(braid_verbs_engine *e, uint64_t wr_id, const char *cause);
+braid_status braid__verbs_engine_on_error(braid_verbs_engine *e, uint64_t wr_id, const char *cause);
 
 /* Copy arrived chunks out, return credits, post chunks, finish requests.
  * *moved is set when anything changed. */
-braid_status braid_verbs_engine_advance(braid_verbs_engine *e, int *moved);
+braid_status braid__verbs_engine_advance(braid_verbs_engine *e, int *moved);
 
 /* Fail with status; the text is formatted here and recorded (braid__error). */
-braid_status braid_verbs_engine_fail(braid_verbs_engine *e, braid_status status, const char *fmt, ...)
+braid_status braid__verbs_engine_fail(braid_verbs_engine *e, braid_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* The sticky error again, with its original text, for later calls. */
-braid_status braid_verbs_engine_error(const braid_verbs_engine *e);
+braid_status braid__verbs_engine_error(const braid_verbs_engine *e);
 
 /* Forget every queued request without touching it (the connection is
  * closing and their owners may be gone). Chunks already posted still
  * complete; their registrations are returned by fini(). */
-void braid_verbs_engine_abandon(braid_verbs_engine *e);
+void braid__verbs_engine_abandon(braid_verbs_engine *e);
 
 /* Post the goodbye message (after every queued chunk) unless the engine
  * failed or the peer already left. 1 when posted. */
-int braid_verbs_engine_close(braid_verbs_engine *e);
+int braid__verbs_engine_close(braid_verbs_engine *e);
 
 /* Every posted work request has completed (safe to tear down). */
-int braid_verbs_engine_drained(const braid_verbs_engine *e);
+int braid__verbs_engine_drained(const braid_verbs_engine *e);
 
 #endif

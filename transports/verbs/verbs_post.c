@@ -57,7 +57,7 @@ static int io_zcopy_get(void *ctx, const void *buf, size_t len, uint32_t *lkey, 
     braid_verbs_conn *c = ctx;
     braid_verbs_region *r;
     pthread_mutex_lock(&c->dev->mu);
-    int err = braid_verbs_regcache_acquire(&c->dev->cache, buf, len, c->dev->implicit_reg, &r);
+    int err = braid__verbs_regcache_acquire(&c->dev->cache, buf, len, c->dev->implicit_reg, &r);
     pthread_mutex_unlock(&c->dev->mu);
     if (err)
         return err;
@@ -70,7 +70,7 @@ static void io_zcopy_put(void *ctx, void *token)
 {
     braid_verbs_conn *c = ctx;
     pthread_mutex_lock(&c->dev->mu);
-    braid_verbs_regcache_release(&c->dev->cache, token);
+    braid__verbs_regcache_release(&c->dev->cache, token);
     pthread_mutex_unlock(&c->dev->mu);
 }
 

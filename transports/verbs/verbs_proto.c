@@ -29,24 +29,24 @@ static braid_status reject(char *why, size_t why_len, const char *fmt, ...)
     return BRAID_ERR_PEER;
 }
 
-uint32_t braid_verbs_imm_data(uint32_t slot, uint32_t len, int last)
+uint32_t braid__verbs_imm_data(uint32_t slot, uint32_t len, int last)
 {
     return ((uint32_t)BRAID_VERBS_IMM_DATA << IMM_KIND_SHIFT) | (last ? IMM_LAST_BIT : 0) |
            ((slot & IMM_SLOT_MASK) << IMM_SLOT_SHIFT) | (len & IMM_LEN_MASK);
 }
 
-uint32_t braid_verbs_imm_credit(uint32_t credits)
+uint32_t braid__verbs_imm_credit(uint32_t credits)
 {
     return ((uint32_t)BRAID_VERBS_IMM_CREDIT << IMM_KIND_SHIFT) | (credits & IMM_PAYLOAD_MASK);
 }
 
-uint32_t braid_verbs_imm_close(void)
+uint32_t braid__verbs_imm_close(void)
 {
     return (uint32_t)BRAID_VERBS_IMM_CLOSE << IMM_KIND_SHIFT;
 }
 
-braid_status braid_verbs_imm_decode(uint32_t imm, uint32_t nslots, uint32_t slot_bytes, braid_verbs_imm *out, char *why,
-                                    size_t why_len)
+braid_status braid__verbs_imm_decode(uint32_t imm, uint32_t nslots, uint32_t slot_bytes, braid_verbs_imm *out,
+                                     char *why, size_t why_len)
 {
     braid_verbs_imm d = {0};
     uint32_t kind = imm >> IMM_KIND_SHIFT;
@@ -83,7 +83,7 @@ braid_status braid_verbs_imm_decode(uint32_t imm, uint32_t nslots, uint32_t slot
     return BRAID_OK;
 }
 
-uint64_t braid_verbs_chunk_count(size_t len, uint32_t slot_bytes)
+uint64_t braid__verbs_chunk_count(size_t len, uint32_t slot_bytes)
 {
     if (len == 0)
         return 1;
@@ -91,9 +91,9 @@ uint64_t braid_verbs_chunk_count(size_t len, uint32_t slot_bytes)
     return (uint64_t)(len / slot_bytes) + (len % slot_bytes != 0);
 }
 
-void braid_verbs_chunk_at(size_t len, uint32_t slot_bytes, uint64_t i, size_t *off, uint32_t *clen, int *last)
+void braid__verbs_chunk_at(size_t len, uint32_t slot_bytes, uint64_t i, size_t *off, uint32_t *clen, int *last)
 {
-    uint64_t count = braid_verbs_chunk_count(len, slot_bytes);
+    uint64_t count = braid__verbs_chunk_count(len, slot_bytes);
     size_t o = (size_t)i * slot_bytes;
     size_t left = len > o ? len - o : 0;
     *off = o;
@@ -101,23 +101,23 @@ void braid_verbs_chunk_at(size_t len, uint32_t slot_bytes, uint64_t i, size_t *o
     *last = i + 1 == count;
 }
 
-void braid_verbs_tx_init(braid_verbs_tx *tx, uint32_t window)
+void braid__verbs_tx_init(braid_verbs_tx *tx, uint32_t window)
 {
     memset(tx, 0, sizeof(*tx));
     tx->window = window;
 }
 
-int braid_verbs_tx_can_post(const braid_verbs_tx *tx)
+int braid__verbs_tx_can_post(const braid_verbs_tx *tx)
 {
     return tx->posted - tx->credited < tx->window && tx->posted - tx->completed < tx->window;
 }
 
-void braid_verbs_tx_post(braid_verbs_tx *tx)
+void braid__verbs_tx_post(braid_verbs_tx *tx)
 {
     tx->posted++;
 }
 
-braid_status braid_verbs_tx_credit(braid_verbs_tx *tx, uint32_t n)
+braid_status braid__verbs_tx_credit(braid_verbs_tx *tx, uint32_t n)
 {
     if (n > tx->posted - tx->credited)
         return BRAID_ERR_PEER;
@@ -125,7 +125,7 @@ braid_status braid_verbs_tx_credit(braid_verbs_tx *tx, uint32_t n)
     return BRAID_OK;
 }
 
-braid_status braid_verbs_tx_complete(braid_verbs_tx *tx)
+braid_status braid__verbs_tx_complete(braid_verbs_tx *tx)
 {
     if (tx->completed >= tx->posted)
         return BRAID_ERR_INTERNAL;
@@ -133,7 +133,7 @@ braid_status braid_verbs_tx_complete(braid_verbs_tx *tx)
     return BRAID_OK;
 }
 
-void braid_verbs_rx_init(braid_verbs_rx *rx, uint32_t nslots)
+void braid__verbs_rx_init(braid_verbs_rx *rx, uint32_t nslots)
 {
     memset(rx, 0, sizeof(*rx));
     rx->nslots = nslots;
@@ -143,7 +143,7 @@ void braid_verbs_rx_init(braid_verbs_rx *rx, uint32_t nslots)
     rx->batch = nslots / 4 ? nslots / 4 : 1;
 }
 
-braid_status braid_verbs_rx_arrive(braid_verbs_rx *rx, uint32_t slot, char *why, size_t why_len)
+braid_status braid__verbs_rx_arrive(braid_verbs_rx *rx, uint32_t slot, char *why, size_t why_len)
 {
     uint32_t want = (uint32_t)(rx->arrived % rx->nslots);
     if (slot != want)
@@ -156,17 +156,17 @@ braid_status braid_verbs_rx_arrive(braid_verbs_rx *rx, uint32_t slot, char *why,
     return BRAID_OK;
 }
 
-uint32_t braid_verbs_rx_next_slot(const braid_verbs_rx *rx)
+uint32_t braid__verbs_rx_next_slot(const braid_verbs_rx *rx)
 {
     return (uint32_t)(rx->consumed % rx->nslots);
 }
 
-void braid_verbs_rx_consume(braid_verbs_rx *rx)
+void braid__verbs_rx_consume(braid_verbs_rx *rx)
 {
     rx->consumed++;
 }
 
-uint32_t braid_verbs_rx_credits_due(const braid_verbs_rx *rx)
+uint32_t braid__verbs_rx_credits_due(const braid_verbs_rx *rx)
 {
     uint64_t owed = rx->consumed - rx->returned;
     if (owed == 0)
@@ -176,7 +176,7 @@ uint32_t braid_verbs_rx_credits_due(const braid_verbs_rx *rx)
     return 0;
 }
 
-void braid_verbs_rx_returned(braid_verbs_rx *rx, uint32_t n)
+void braid__verbs_rx_returned(braid_verbs_rx *rx, uint32_t n)
 {
     rx->returned += n;
 }
@@ -224,7 +224,7 @@ static uint64_t get64(const uint8_t *p)
 
 static const uint8_t info_magic[4] = {'B', 'V', 'Q', '1'};
 
-void braid_verbs_info_encode(const braid_verbs_info *info, uint8_t out[BRAID_VERBS_INFO_BYTES])
+void braid__verbs_info_encode(const braid_verbs_info *info, uint8_t out[BRAID_VERBS_INFO_BYTES])
 {
     memset(out, 0, BRAID_VERBS_INFO_BYTES);
     memcpy(out, info_magic, 4);
@@ -243,7 +243,7 @@ void braid_verbs_info_encode(const braid_verbs_info *info, uint8_t out[BRAID_VER
     put32(out + 56, (uint32_t)info->rank);
 }
 
-braid_status braid_verbs_info_decode(const uint8_t *buf, size_t len, braid_verbs_info *info, char *why, size_t why_len)
+braid_status braid__verbs_info_decode(const uint8_t *buf, size_t len, braid_verbs_info *info, char *why, size_t why_len)
 {
     if (len != BRAID_VERBS_INFO_BYTES)
         return reject(why, why_len, "set-up message of %zu bytes, expected %d", len, BRAID_VERBS_INFO_BYTES);
@@ -270,7 +270,7 @@ braid_status braid_verbs_info_decode(const uint8_t *buf, size_t len, braid_verbs
 
     if (d.link_layer != BRAID_VERBS_LINK_IB && d.link_layer != BRAID_VERBS_LINK_ETH)
         return reject(why, why_len, "set-up message has unknown link layer %u", d.link_layer);
-    if (braid_verbs_mtu_bytes(d.mtu) == 0)
+    if (braid__verbs_mtu_bytes(d.mtu) == 0)
         return reject(why, why_len, "set-up message has invalid MTU code %u", d.mtu);
     /* QP numbers are 24 bits; 0 and 1 are the special management QPs. */
     if (d.qpn < 2 || d.qpn > 0xFFFFFFu)
@@ -297,14 +297,14 @@ braid_status braid_verbs_info_decode(const uint8_t *buf, size_t len, braid_verbs
     return BRAID_OK;
 }
 
-uint32_t braid_verbs_mtu_bytes(uint8_t mtu)
+uint32_t braid__verbs_mtu_bytes(uint8_t mtu)
 {
     return mtu >= 1 && mtu <= 5 ? 128u << mtu : 0;
 }
 
 /* ---- device selection ---------------------------------------------------- */
 
-braid_status braid_verbs_hca_parse(const char *spec, braid_verbs_hca *out, int max, int *n, char *why, size_t why_len)
+braid_status braid__verbs_hca_parse(const char *spec, braid_verbs_hca *out, int max, int *n, char *why, size_t why_len)
 {
     int count = 0;
     const char *p = spec;
@@ -382,7 +382,7 @@ static int gid_is_link_local(const uint8_t *g)
     return g[0] == 0xfe && (g[1] & 0xc0) == 0x80;
 }
 
-int braid_verbs_gid_pick(const uint8_t (*gids)[16], const braid_verbs_gid_type *types, const int *present, int n)
+int braid__verbs_gid_pick(const uint8_t (*gids)[16], const braid_verbs_gid_type *types, const int *present, int n)
 {
     /* Three passes, best class first, lowest index within a class: index
      * order is how the kernel lists addresses, so the pick is stable. */

@@ -48,26 +48,26 @@ typedef struct {
 
 /* Encoders take values the caller has already bounded (slot < 256,
  * len <= BRAID_VERBS_MAX_SLOT_BYTES, 1 <= credits < 2^30). */
-uint32_t braid_verbs_imm_data(uint32_t slot, uint32_t len, int last);
-uint32_t braid_verbs_imm_credit(uint32_t credits);
-uint32_t braid_verbs_imm_close(void);
+uint32_t braid__verbs_imm_data(uint32_t slot, uint32_t len, int last);
+uint32_t braid__verbs_imm_credit(uint32_t credits);
+uint32_t braid__verbs_imm_close(void);
 
 /* Decode an immediate received on a ring of nslots x slot_bytes. Rejects a
  * reserved kind, a slot or length outside the ring, a non-final chunk that
  * is not full (chunking is deterministic, so the sender cannot mean it), a
  * zero or oversized credit and a close with payload bits. On rejection
  * writes the reason into why and returns BRAID_ERR_PEER. */
-braid_status braid_verbs_imm_decode(uint32_t imm, uint32_t nslots, uint32_t slot_bytes, braid_verbs_imm *out, char *why,
-                                    size_t why_len);
+braid_status braid__verbs_imm_decode(uint32_t imm, uint32_t nslots, uint32_t slot_bytes, braid_verbs_imm *out,
+                                     char *why, size_t why_len);
 
 /* ---- chunking ------------------------------------------------------------ */
 
 /* Number of chunks of a len-byte message: at least 1, so that an empty
  * message still marks its place in the stream. */
-uint64_t braid_verbs_chunk_count(size_t len, uint32_t slot_bytes);
+uint64_t braid__verbs_chunk_count(size_t len, uint32_t slot_bytes);
 
 /* Offset and length of chunk i (< count) and whether it is the last. */
-void braid_verbs_chunk_at(size_t len, uint32_t slot_bytes, uint64_t i, size_t *off, uint32_t *clen, int *last);
+void braid__verbs_chunk_at(size_t len, uint32_t slot_bytes, uint64_t i, size_t *off, uint32_t *clen, int *last);
 
 /* ---- credit windows -------------------------------------------------------
  * Counters only grow (64 bits do not wrap in practice), so every invariant
@@ -84,13 +84,13 @@ typedef struct {
     uint32_t window;    /* <= the peer's nslots */
 } braid_verbs_tx;
 
-void braid_verbs_tx_init(braid_verbs_tx *tx, uint32_t window);
-int braid_verbs_tx_can_post(const braid_verbs_tx *tx);
-void braid_verbs_tx_post(braid_verbs_tx *tx);
+void braid__verbs_tx_init(braid_verbs_tx *tx, uint32_t window);
+int braid__verbs_tx_can_post(const braid_verbs_tx *tx);
+void braid__verbs_tx_post(braid_verbs_tx *tx);
 /* BRAID_ERR_PEER when the peer returns more than was posted. */
-braid_status braid_verbs_tx_credit(braid_verbs_tx *tx, uint32_t n);
+braid_status braid__verbs_tx_credit(braid_verbs_tx *tx, uint32_t n);
 /* BRAID_ERR_INTERNAL when nothing was outstanding. */
-braid_status braid_verbs_tx_complete(braid_verbs_tx *tx);
+braid_status braid__verbs_tx_complete(braid_verbs_tx *tx);
 
 /* Receiver side. `returned` counts credits handed to the hardware: the
  * sender's `credited` can only trail it, so arrived - returned < nslots is
@@ -103,18 +103,18 @@ typedef struct {
     uint32_t batch; /* return credits in groups of this many... */
 } braid_verbs_rx;
 
-void braid_verbs_rx_init(braid_verbs_rx *rx, uint32_t nslots);
+void braid__verbs_rx_init(braid_verbs_rx *rx, uint32_t nslots);
 /* Account for a data chunk that landed in slot: BRAID_ERR_PEER (reason in
  * why) when it is not the next slot or overruns the window. */
-braid_status braid_verbs_rx_arrive(braid_verbs_rx *rx, uint32_t slot, char *why, size_t why_len);
+braid_status braid__verbs_rx_arrive(braid_verbs_rx *rx, uint32_t slot, char *why, size_t why_len);
 /* Slot of the oldest chunk not yet consumed (only when consumed < arrived). */
-uint32_t braid_verbs_rx_next_slot(const braid_verbs_rx *rx);
-void braid_verbs_rx_consume(braid_verbs_rx *rx);
+uint32_t braid__verbs_rx_next_slot(const braid_verbs_rx *rx);
+void braid__verbs_rx_consume(braid_verbs_rx *rx);
 /* Credits to send now: a full batch, or whatever is owed once every
  * arrived chunk is consumed (the sender may be waiting on exactly those,
  * so holding them back could stall the stream). 0: nothing to send. */
-uint32_t braid_verbs_rx_credits_due(const braid_verbs_rx *rx);
-void braid_verbs_rx_returned(braid_verbs_rx *rx, uint32_t n);
+uint32_t braid__verbs_rx_credits_due(const braid_verbs_rx *rx);
+void braid__verbs_rx_returned(braid_verbs_rx *rx, uint32_t n);
 
 /* ---- connection set-up message ------------------------------------------
  * Exchanged over the authenticated out-of-band TCP connection before the
@@ -144,14 +144,15 @@ typedef struct {
     int32_t rank;
 } braid_verbs_info;
 
-void braid_verbs_info_encode(const braid_verbs_info *info, uint8_t out[BRAID_VERBS_INFO_BYTES]);
+void braid__verbs_info_encode(const braid_verbs_info *info, uint8_t out[BRAID_VERBS_INFO_BYTES]);
 /* Decode exactly BRAID_VERBS_INFO_BYTES; BRAID_ERR_PEER with the reason in
  * why for a bad magic, version, link layer, MTU, QP number, PSN, ring
  * geometry, null ring, negative rank or non-zero reserved bits. */
-braid_status braid_verbs_info_decode(const uint8_t *buf, size_t len, braid_verbs_info *info, char *why, size_t why_len);
+braid_status braid__verbs_info_decode(const uint8_t *buf, size_t len, braid_verbs_info *info, char *why,
+                                      size_t why_len);
 
 /* Bytes of an ibv_mtu value (1..5), 0 when out of range. */
-uint32_t braid_verbs_mtu_bytes(uint8_t mtu);
+uint32_t braid__verbs_mtu_bytes(uint8_t mtu);
 
 /* ---- device selection -----------------------------------------------------
  * BRAID_IB_HCA: comma-separated "name[:port]" entries, in preference
@@ -167,7 +168,7 @@ typedef struct {
 /* Parse spec into at most max entries; BRAID_ERR_INVALID_ARG with the
  * reason in why on an empty entry, a name too long, or a port that is not
  * an integer in 1..255. */
-braid_status braid_verbs_hca_parse(const char *spec, braid_verbs_hca *out, int max, int *n, char *why, size_t why_len);
+braid_status braid__verbs_hca_parse(const char *spec, braid_verbs_hca *out, int max, int *n, char *why, size_t why_len);
 
 /* GID table entry types, as ibv_query_gid_ex or sysfs report them. */
 typedef enum {
@@ -181,6 +182,6 @@ typedef enum {
  * first (routable and what most fabrics configure), then a RoCE v2 entry
  * with a global IPv6 address, then any non-zero RoCE v2 entry; -1 when the
  * table has none. present[i] == 0 marks an unreadable entry. */
-int braid_verbs_gid_pick(const uint8_t (*gids)[16], const braid_verbs_gid_type *types, const int *present, int n);
+int braid__verbs_gid_pick(const uint8_t (*gids)[16], const braid_verbs_gid_type *types, const int *present, int n);
 
 #endif

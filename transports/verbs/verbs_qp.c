@@ -89,7 +89,7 @@ braid_status braid__verbs_qp_connect(struct ibv_qp *qp, braid_verbs_dev *dev, co
     if (err)
         return braid__error(BRAID_ERR_SYSTEM,
                             "rank %d: peer %d: queue pair to RTR (remote qpn %u, lid %u, mtu %u) on %s: %s", rank, peer,
-                            remote->qpn, remote->lid, braid_verbs_mtu_bytes((uint8_t)mtu), dev->name, strerror(err));
+                            remote->qpn, remote->lid, braid__verbs_mtu_bytes((uint8_t)mtu), dev->name, strerror(err));
 
     struct ibv_qp_attr r = {
         .qp_state = IBV_QPS_RTS,

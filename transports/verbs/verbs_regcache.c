@@ -8,7 +8,7 @@
 
 #include "verbs_regcache.h"
 
-int braid_verbs_regcache_init(braid_verbs_regcache *rc, const braid_verbs_regcache_cfg *cfg)
+int braid__verbs_regcache_init(braid_verbs_regcache *rc, const braid_verbs_regcache_cfg *cfg)
 {
     if (!cfg->reg || !cfg->dereg || cfg->page_bytes == 0 || (cfg->page_bytes & (cfg->page_bytes - 1)) ||
         cfg->max_regions == 0)
@@ -121,8 +121,8 @@ static void overlapping(const braid_verbs_regcache *rc, uintptr_t s, uintptr_t e
     *last = j;
 }
 
-int braid_verbs_regcache_acquire(braid_verbs_regcache *rc, const void *addr, size_t len, int create,
-                                 braid_verbs_region **region)
+int braid__verbs_regcache_acquire(braid_verbs_regcache *rc, const void *addr, size_t len, int create,
+                                  braid_verbs_region **region)
 {
     uintptr_t a = (uintptr_t)addr;
     if (len == 0 || a + len < a)
@@ -191,7 +191,7 @@ int braid_verbs_regcache_acquire(braid_verbs_regcache *rc, const void *addr, siz
     return 0;
 }
 
-void braid_verbs_regcache_release(braid_verbs_regcache *rc, braid_verbs_region *r)
+void braid__verbs_regcache_release(braid_verbs_regcache *rc, braid_verbs_region *r)
 {
     if (--r->refs > 0)
         return;
@@ -203,7 +203,7 @@ void braid_verbs_regcache_release(braid_verbs_regcache *rc, braid_verbs_region *
     evict(rc);
 }
 
-void braid_verbs_regcache_invalidate(braid_verbs_regcache *rc, const void *addr, size_t len)
+void braid__verbs_regcache_invalidate(braid_verbs_regcache *rc, const void *addr, size_t len)
 {
     uintptr_t a = (uintptr_t)addr;
     uintptr_t e = a + len < a ? UINTPTR_MAX : a + len;
@@ -219,7 +219,7 @@ void braid_verbs_regcache_invalidate(braid_verbs_regcache *rc, const void *addr,
     }
 }
 
-size_t braid_verbs_regcache_fini(braid_verbs_regcache *rc)
+size_t braid__verbs_regcache_fini(braid_verbs_regcache *rc)
 {
     size_t leaked = 0;
     while (rc->count > 0) {

@@ -53,23 +53,23 @@ typedef struct {
 } braid_verbs_regcache;
 
 /* 0 or EINVAL (bad config). Allocates nothing until the first miss. */
-int braid_verbs_regcache_init(braid_verbs_regcache *rc, const braid_verbs_regcache_cfg *cfg);
+int braid__verbs_regcache_init(braid_verbs_regcache *rc, const braid_verbs_regcache_cfg *cfg);
 
 /* Deregister everything in the index. Returns how many of those were
  * still referenced (a leak in the caller); they are freed all the same.
  * Release retired regions before this: afterwards nothing may touch rc. */
-size_t braid_verbs_regcache_fini(braid_verbs_regcache *rc);
+size_t braid__verbs_regcache_fini(braid_verbs_regcache *rc);
 
 /* A referenced region covering [addr, addr + len). With create == 0 only a
  * cached region can answer (ENOENT otherwise). Errors: EINVAL for len 0 or
  * a range that wraps, ENOMEM, or the errno reg() gave; the cache is then
  * unchanged. */
-int braid_verbs_regcache_acquire(braid_verbs_regcache *rc, const void *addr, size_t len, int create,
-                                 braid_verbs_region **region);
+int braid__verbs_regcache_acquire(braid_verbs_regcache *rc, const void *addr, size_t len, int create,
+                                  braid_verbs_region **region);
 
-void braid_verbs_regcache_release(braid_verbs_regcache *rc, braid_verbs_region *region);
+void braid__verbs_regcache_release(braid_verbs_regcache *rc, braid_verbs_region *region);
 
 /* Retire every region that overlaps [addr, addr + len). */
-void braid_verbs_regcache_invalidate(braid_verbs_regcache *rc, const void *addr, size_t len);
+void braid__verbs_regcache_invalidate(braid_verbs_regcache *rc, const void *addr, size_t len);
 
 #endif
