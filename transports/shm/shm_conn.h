@@ -58,7 +58,10 @@
 #define BRAID_SHM_SKIP_FLAG ((uint64_t)1 << 62)       /* in a header: skip to the ring start */
 #define BRAID_SHM_HOT_BYTES ((size_t)32 << 10)        /* least free space a skip leaves */
 #define BRAID_SHM_WARM_BYTES ((size_t)256 << 10)      /* ring start faulted in on first use */
-#define BRAID_SHM_CMA_MIN ((size_t)128 << 10)         /* smallest message read in place */
+/* Smallest message read in place. Below it, two copies through the ring
+ * (warm in cache) beat one process_vm_readv: at 128 KiB messages the
+ * single copy made 8-rank 1 MiB all-reduces 1.3x slower (PERFORMANCE.md). */
+#define BRAID_SHM_CMA_MIN ((size_t)256 << 10)
 #define BRAID_SHM_CMA_PIECE ((size_t)4 << 20)         /* bytes read per request per pass */
 #define BRAID_SHM_COOKIE 0x6272616964636d61ull         /* "braidcma" */
 
