@@ -1,6 +1,5 @@
 /* The pipelined engine (pipeline.h): posting within the windows, in-order
  * completion, the gates between items, fingerprints and waiting. */
-#include <stdint.h>
 
 #include "pipeline.h"
 #include "status.h"
@@ -164,8 +163,6 @@ braid_status braid__pipeline_run(braid_pipeline *p)
     p->staged_s = p->posted_s = p->done_s = p->posted_r = p->done_r = p->combined = 0;
     if (p->recv_slots < 1 || p->recv_slots > BRAID_PIPE_WINDOW)
         p->recv_slots = BRAID_PIPE_WINDOW;
-    if (!h->combine)
-        p->combine_lead = SIZE_MAX;
     BRAID_CHECK(connect_links(p));
     BRAID_CHECK(start_fingerprints(p));
     int started = !h->started;

@@ -12,46 +12,40 @@
  * buffer, so the copy of the own block into recv overlaps the transfers. */
 #include <string.h>
 
-#include "pipeline.h"
+#include "ring_cursor.h"
 #include "status.h"
 
 typedef struct {
-    int n, rank;
-    size_t count, esize, elems_per_chunk, chunks; /* chunks per block */
+    braid_block_ring b;
     const uint8_t *send;
     uint8_t *recv, *own;
 } layout;
 
-/* Block and element range of item k (step k / chunks, chunk k % chunks)
- * for a direction whose block at step s is (rank - s - shift) mod n. */
-static void item_range(const layout *g, size_t k, int shift, int *block, size_t *off, size_t *len)
+/* Block b sits at b * count in recv. */
+static uint8_t *block_at(const layout *g, int block, size_t off)
 {
-    int step = (int)(k / g->chunks);
-    size_t c = k % g->chunks;
-    *block = ((g->rank - step - shift) % g->n + g->n) % g->n;
-    *off = c * g->elems_per_chunk;
-    *len = g->count - *off < g->elems_per_chunk ? g->count - *off : g->elems_per_chunk;
+    return g->recv + ((size_t)block * g->b.count + off) * g->b.esize;
 }
 
 static braid_status ag_send_item(braid_pipeline *p, size_t k, const void **buf, size_t *bytes)
 {
     const layout *g = p->sched;
-    int block;
+    int step, block;
     size_t off, len;
-    item_range(g, k, 0, &block, &off, &len);
-    *bytes = len * g->esize;
-    *buf = k < g->chunks ? g->send + off * g->esize : g->recv + ((size_t)block * g->count + off) * g->esize;
+    braid__block_ring_item(&g->b, k, 0, &step, &block, &off, &len);
+    *bytes = len * g->b.esize;
+    *buf = step == 0 ? g->send + off * g->b.esize : block_at(g, block, off);
     return BRAID_OK;
 }
 
 static braid_status ag_recv_item(braid_pipeline *p, size_t k, void **buf, size_t *bytes)
 {
     const layout *g = p->sched;
-    int block;
+    int step, block;
     size_t off, len;
-    item_range(g, k, 1, &block, &off, &len);
-    *bytes = len * g->esize;
-    *buf = g->recv + ((size_t)block * g->count + off) * g->esize;
+    braid__block_ring_item(&g->b, k, 1, &step, &block, &off, &len);
+    *bytes = len * g->b.esize;
+    *buf = block_at(g, block, off);
     return BRAID_OK;
 }
 
@@ -60,7 +54,7 @@ static braid_status ag_recv_item(braid_pipeline *p, size_t k, void **buf, size_t
 static void ag_copy_own(braid_pipeline *p)
 {
     const layout *g = p->sched;
-    memcpy(g->own, g->send, g->count * g->esize);
+    memcpy(g->own, g->send, g->b.count * g->b.esize);
 }
 
 static const braid_pipeline_hooks ag_hooks = {.send_item = ag_send_item, .recv_item = ag_recv_item};
@@ -71,30 +65,23 @@ braid_status braid__ring_allgather(braid_algo_run *run)
 {
     const braid_algo_ctx *ctx = run->ctx;
     const braid_coll *coll = run->coll;
-    layout g = {.n = ctx->size, .rank = ctx->rank, .count = coll->count, .esize = braid_dtype_size(coll->dtype),
-                .send = coll->send, .recv = coll->recv};
-    g.own = g.recv + (size_t)g.rank * g.count * g.esize;
+    size_t count = coll->count, esize = braid_dtype_size(coll->dtype);
+    layout g = {.send = coll->send, .recv = coll->recv};
+    g.own = g.recv + (size_t)ctx->rank * count * esize;
     /* In place means the input already is the own block. */
-    int need_copy = g.count > 0 && (const uint8_t *)g.own != g.send;
+    int need_copy = count > 0 && (const uint8_t *)g.own != g.send;
 
-    if (g.n == 1) {
+    if (ctx->size == 1) {
         if (need_copy)
-            memcpy(g.own, g.send, g.count * g.esize);
+            memcpy(g.own, g.send, count * esize);
         return BRAID_OK;
     }
-    g.elems_per_chunk = ctx->chunk_bytes / g.esize ? ctx->chunk_bytes / g.esize : 1;
-    g.chunks = (g.count + g.elems_per_chunk - 1) / g.elems_per_chunk;
-    size_t total = (size_t)(g.n - 1) * g.chunks;
-
+    braid__block_ring_init(&g.b, ctx, count, esize);
     braid_pipeline p = {.run = run,
                         .hooks = need_copy ? &ag_hooks_copy : &ag_hooks,
                         .sched = &g,
-                        .next = (g.rank + 1) % g.n,
-                        .prev = (g.rank + g.n - 1) % g.n,
-                        .sends = total,
-                        .recvs = total,
-                        .send_lead = g.chunks,
                         .recv_slots = BRAID_PIPE_WINDOW,
                         .fp = 1};
+    braid__block_ring_pipeline(&g.b, &p);
     return braid__pipeline_run(&p);
 }

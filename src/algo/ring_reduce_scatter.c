@@ -19,41 +19,34 @@
  * input of block r before its final use, so that block is stashed first. */
 #include <string.h>
 
-#include "pipeline.h"
 #include "reduce/reduce.h"
+#include "ring_cursor.h"
 #include "status.h"
 
 #define RECV_SLOTS 8 /* chunks in flight into staging */
 
 typedef struct {
-    int n, rank;
-    size_t count, esize, elems_per_chunk, chunks; /* chunks per block */
-    size_t last_step_first;                       /* first item of the last step */
+    braid_block_ring b;
+    size_t last_step_first; /* first item of the last step */
     const uint8_t *send, *own_block;
     uint8_t *recv, *staging;
     size_t slot_bytes;
 } layout;
 
-/* Item k is (step k / chunks, chunk k % chunks); the block it carries is
- * (rank - step - shift) mod n: shift 1 for sends, 2 for receives. */
-static void item_range(const layout *g, size_t k, int shift, int *step, int *block, size_t *off, size_t *len)
-{
-    *step = (int)(k / g->chunks);
-    *block = ((g->rank - *step - shift) % g->n + g->n) % g->n;
-    *off = (k % g->chunks) * g->elems_per_chunk;
-    *len = g->count - *off < g->elems_per_chunk ? g->count - *off : g->elems_per_chunk;
-}
+/* Sends carry block (rank - step - 1) mod n, receives (rank - step - 2). */
+#define SEND_SHIFT 1
+#define RECV_SHIFT 2
 
 /* Step 0 sends the own input; later steps forward the partial that the
  * previous step's combine left in recv. */
 static braid_status rs_send_item(braid_pipeline *p, size_t k, const void **buf, size_t *bytes)
 {
     const layout *g = p->sched;
+    size_t es = g->b.esize, off, len;
     int step, block;
-    size_t off, len;
-    item_range(g, k, 1, &step, &block, &off, &len);
-    *bytes = len * g->esize;
-    *buf = step == 0 ? g->send + ((size_t)block * g->count + off) * g->esize : g->recv + off * g->esize;
+    braid__block_ring_item(&g->b, k, SEND_SHIFT, &step, &block, &off, &len);
+    *bytes = len * es;
+    *buf = step == 0 ? g->send + ((size_t)block * g->b.count + off) * es : g->recv + off * es;
     return BRAID_OK;
 }
 
@@ -62,8 +55,8 @@ static braid_status rs_recv_item(braid_pipeline *p, size_t k, void **buf, size_t
     const layout *g = p->sched;
     int step, block;
     size_t off, len;
-    item_range(g, k, 2, &step, &block, &off, &len);
-    *bytes = len * g->esize;
+    braid__block_ring_item(&g->b, k, RECV_SHIFT, &step, &block, &off, &len);
+    *bytes = len * g->b.esize;
     *buf = g->staging + (k % RECV_SLOTS) * g->slot_bytes;
     return BRAID_OK;
 }
@@ -72,15 +65,14 @@ static braid_status rs_combine(braid_pipeline *p, size_t k)
 {
     const layout *g = p->sched;
     const braid_coll *coll = p->run->coll;
+    size_t es = g->b.esize, off, len;
     int step, block;
-    size_t off, len;
-    item_range(g, k, 2, &step, &block, &off, &len);
+    braid__block_ring_item(&g->b, k, RECV_SHIFT, &step, &block, &off, &len);
     const uint8_t *slot = g->staging + (k % RECV_SLOTS) * g->slot_bytes;
-    const uint8_t *mine = (block == g->rank ? g->own_block : g->send + (size_t)block * g->count * g->esize) +
-                          off * g->esize;
-    uint8_t *dst = g->recv + off * g->esize;
+    const uint8_t *mine = (block == g->b.rank ? g->own_block : g->send + (size_t)block * g->b.count * es) + off * es;
+    uint8_t *dst = g->recv + off * es;
     if (k >= g->last_step_first)
-        braid__reduce_final(coll->dtype, coll->op, dst, mine, slot, len, g->n);
+        braid__reduce_final(coll->dtype, coll->op, dst, mine, slot, len, g->b.n);
     else
         braid__reduce(coll->dtype, coll->op, dst, mine, slot, len);
     return BRAID_OK;
@@ -93,27 +85,24 @@ braid_status braid__ring_reduce_scatter(braid_algo_run *run)
 {
     const braid_algo_ctx *ctx = run->ctx;
     const braid_coll *coll = run->coll;
-    layout g = {.n = ctx->size, .rank = ctx->rank, .count = coll->count, .esize = braid_dtype_size(coll->dtype),
-                .send = coll->send, .recv = coll->recv};
-    size_t block_bytes = g.count * g.esize;
+    size_t count = coll->count, esize = braid_dtype_size(coll->dtype), block_bytes = count * esize;
+    layout g = {.send = coll->send, .recv = coll->recv};
 
-    if (g.n == 1) {
+    if (ctx->size == 1) {
         if (block_bytes && g.recv != g.send)
             memmove(g.recv, g.send, block_bytes);
-        braid__reduce_scale(coll->dtype, coll->op, g.recv, g.count, 1);
+        braid__reduce_scale(coll->dtype, coll->op, g.recv, count, 1);
         return BRAID_OK;
     }
-    g.elems_per_chunk = ctx->chunk_bytes / g.esize ? ctx->chunk_bytes / g.esize : 1;
-    g.chunks = (g.count + g.elems_per_chunk - 1) / g.elems_per_chunk;
-    g.last_step_first = (size_t)(g.n - 2) * g.chunks;
-    size_t total = (size_t)(g.n - 1) * g.chunks;
+    braid__block_ring_init(&g.b, ctx, count, esize);
+    g.last_step_first = (size_t)(g.b.n - 2) * g.b.chunks;
 
     /* A slot never needs more than one block, whatever the chunk size. */
-    g.slot_bytes = (g.elems_per_chunk < g.count ? g.elems_per_chunk : g.count) * g.esize;
-    int in_place = block_bytes && g.recv == g.send + (size_t)g.rank * block_bytes;
+    g.slot_bytes = (g.b.elems_per_chunk < count ? g.b.elems_per_chunk : count) * esize;
+    int in_place = block_bytes && g.recv == g.send + (size_t)ctx->rank * block_bytes;
     BRAID_CHECK(braid__ctx_scratch(ctx, RECV_SLOTS * g.slot_bytes + (in_place ? block_bytes : 0),
                                    (void **)&g.staging));
-    g.own_block = g.send + (size_t)g.rank * block_bytes;
+    g.own_block = g.send + (size_t)ctx->rank * block_bytes;
     if (in_place) {
         memcpy(g.staging + RECV_SLOTS * g.slot_bytes, g.own_block, block_bytes);
         g.own_block = g.staging + RECV_SLOTS * g.slot_bytes;
@@ -124,13 +113,9 @@ braid_status braid__ring_reduce_scatter(braid_algo_run *run)
     braid_pipeline p = {.run = run,
                         .hooks = &rs_hooks,
                         .sched = &g,
-                        .next = (g.rank + 1) % g.n,
-                        .prev = (g.rank + g.n - 1) % g.n,
-                        .sends = total,
-                        .recvs = total,
-                        .send_lead = g.chunks,
-                        .combine_lead = g.chunks,
+                        .combine_lead = g.b.chunks,
                         .recv_slots = RECV_SLOTS,
                         .fp = 1};
+    braid__block_ring_pipeline(&g.b, &p);
     return braid__pipeline_run(&p);
 }
