@@ -1,6 +1,5 @@
 /* The pipelined engine (pipeline.h): posting within the windows, in-order
  * completion, the gates between items, fingerprints and waiting. */
-
 #include "pipeline.h"
 #include "status.h"
 
