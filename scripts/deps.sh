@@ -4,7 +4,7 @@
 set -eu
 want=(meson ninja-build pkg-config gcc libssl-dev check libsubunit-dev libibverbs-dev rdma-core)
 if [ "${1:-build}" = test ]; then
-  want+=(iproute2 gnuplot-nox python3 python3-numpy python3-torch valgrind python3-venv python3-setuptools
+  want+=(iproute2 gnuplot-nox python3 python3-numpy python3-torch valgrind gdb python3-venv python3-setuptools
          python3-wheel)
 fi
 missing=()

@@ -13,6 +13,7 @@
 #include "bootstrap/bootstrap.h"
 #include "harness.h"
 #include "reduce/reduce.h"
+#include "stack_dump.h"
 
 void (*harness_rank_setup)(int rank);
 
@@ -108,6 +109,9 @@ int harness_run_faulty(int n, harness_rank_fn fn, void *arg, const braid_config 
         if (now_s() > deadline) {
             for (int r = 0; r < n; r++) {
                 if (pids[r] > 0) {
+                    char what[32];
+                    snprintf(what, sizeof(what), "rank %d", r);
+                    stack_dump(pids[r], what);
                     kill(pids[r], SIGKILL);
                     waitpid(pids[r], NULL, 0);
                     fprintf(stderr, "rank %d still running after %d s: killed\n", r, timeout_s);
@@ -294,18 +298,7 @@ int harness_until_failure(braid_pg *pg, void *arg)
 
 int harness_wait_child(pid_t pid, int timeout_s)
 {
-    double deadline = now_s() + timeout_s;
-    for (;;) {
-        int status;
-        if (waitpid(pid, &status, WNOHANG) == pid)
-            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        if (now_s() > deadline) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            return 124;
-        }
-        usleep(2000);
-    }
+    return stack_dump_wait(pid, timeout_s, "child");
 }
 
 /* Free ports are picked below the kernel's ephemeral range, so that no

@@ -25,6 +25,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "stack_dump.h"
+
 static int g_rank = -1;
 
 #ifdef BRAID_CUDA_FAKE
@@ -706,17 +708,13 @@ static int run_child(int (*fn)(void), const char *what, int limit_s)
     fflush(NULL);
     pid_t p = fork();
     if (p == 0) {
-        alarm((unsigned)limit_s);
         int rc = fn();
         fflush(NULL);
         _exit(rc);
     }
-    int status;
-    waitpid(p, &status, 0);
-    int f = !WIFEXITED(status) || WEXITSTATUS(status) != 0;
-    printf("%s: %s%s\n", what, f ? "FAILED" : "ok",
-           WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM ? " (still running: killed)" : "");
-    return f;
+    int rc = stack_dump_wait(p, limit_s, what);
+    printf("%s: %s%s\n", what, rc ? "FAILED" : "ok", rc == 124 ? " (still running: killed)" : "");
+    return rc != 0;
 }
 
 static int run_job(int n, int fault)
@@ -739,10 +737,11 @@ static int run_job(int n, int fault)
     }
     int failed = 0;
     for (int r = 0; r < n; r++) {
-        int status;
-        waitpid(pids[r], &status, 0);
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-            fprintf(stderr, "%d ranks: rank %d failed (status %d)\n", n, r, status);
+        char what[64];
+        snprintf(what, sizeof(what), "%d ranks: rank %d", n, r);
+        int rc = stack_dump_wait(pids[r], 120, what);
+        if (rc != 0) {
+            fprintf(stderr, "%s failed (%s %d)\n", what, rc == 124 ? "killed after 120 s:" : "exit", rc);
             failed = 1;
         }
     }
