@@ -164,9 +164,15 @@ braid_status braid__pg_rendezvous(braid_pg *pg, const braid_rendezvous *rv)
     const braid_job_params *job = rv->secret_source != BRAID_SECRET_UNSTATED ? &params : NULL;
     if (pg->rank == 0)
         BRAID_CHECK(serve_store(pg, rv, job));
-    else
+    braid_status cst = connect_store(pg, rv, job);
+    /* A copy of the id's socket inherited through fork goes now; not
+     * before: where rank 0 is a thread of this same process (ncclCommInitAll,
+     * nccl-tests -t N) that socket is the only one, and closing it before
+     * rank 0 took it left the port unserved. Once the store answered, rank 0
+     * has taken it and this finds nothing. */
+    if (pg->rank != 0)
         braid__prebound_release(rv->port);
-    BRAID_CHECK(connect_store(pg, rv, job));
+    BRAID_CHECK(cst);
 
     /* Mark ourselves before counting, so a counted rank is always listed
      * as present. The last rank to count tells everyone. */
