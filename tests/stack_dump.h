@@ -7,7 +7,8 @@
 #include <sys/types.h>
 
 /* Every thread's backtrace of pid, on stderr, through gdb (a note instead
- * where gdb is missing or cannot attach); bounded to 60 s. */
+ * where gdb is missing or cannot attach); bounded to 60 s. Nothing for a
+ * stopped process (SIGSTOP): tests stop ranks on purpose. */
 void stack_dump(pid_t pid, const char *what);
 
 /* Waits for child pid up to timeout_s; past it, dumps its stacks and kills
