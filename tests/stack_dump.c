@@ -71,3 +71,17 @@ int stack_dump_wait(pid_t pid, int timeout_s, const char *what)
         usleep(2000);
     }
 }
+
+int stack_dump_run_case(int (*fn)(void), const char *what, int limit_s)
+{
+    fflush(NULL);
+    pid_t p = fork();
+    if (p == 0) {
+        int rc = fn();
+        fflush(NULL);
+        _exit(rc);
+    }
+    int rc = p < 0 ? 1 : stack_dump_wait(p, limit_s, what);
+    printf("%s: %s%s\n", what, rc ? "FAILED" : "ok", rc == 124 ? " (still running: killed)" : "");
+    return rc != 0;
+}

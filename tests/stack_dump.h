@@ -15,4 +15,8 @@ void stack_dump(pid_t pid, const char *what);
  * it. Returns its exit code, 128 + signal, or 124 after a timeout. */
 int stack_dump_wait(pid_t pid, int timeout_s, const char *what);
 
+/* Runs fn in a forked child with a limit of limit_s (stack_dump_wait) and
+ * prints "what: ok" or "what: FAILED"; returns 1 when it failed. */
+int stack_dump_run_case(int (*fn)(void), const char *what, int limit_s);
+
 #endif

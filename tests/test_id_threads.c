@@ -132,23 +132,9 @@ static int any_order(void)
     return failed;
 }
 
-static int run_case(int (*fn)(void), const char *what)
-{
-    fflush(NULL);
-    pid_t p = fork();
-    if (p == 0) {
-        int rc = fn();
-        fflush(NULL);
-        _exit(rc);
-    }
-    int rc = p < 0 ? 1 : stack_dump_wait(p, CASE_DEADLINE_S, what);
-    printf("%s: %s%s\n", what, rc ? "FAILED" : "ok", rc == 124 ? " (still running: killed)" : "");
-    return rc != 0;
-}
-
 int main(void)
 {
-    int failed = run_case(rank0_last, "rank 0 starts last (3 and 4 ranks)");
-    failed |= run_case(any_order, "every start order of 3 ranks, 5 times");
+    int failed = stack_dump_run_case(rank0_last, "rank 0 starts last (3 and 4 ranks)", CASE_DEADLINE_S);
+    failed |= stack_dump_run_case(any_order, "every start order of 3 ranks, 5 times", CASE_DEADLINE_S);
     return failed;
 }

@@ -703,23 +703,6 @@ static int one_rank_main(void)
     return 0;
 }
 
-/* Runs fn in a forked child (CUDA must not be used in a process that
- * forks) and prints its verdict; a child still running after limit_s is
- * killed and fails ("does not hang"). */
-static int run_child(int (*fn)(void), const char *what, int limit_s)
-{
-    fflush(NULL);
-    pid_t p = fork();
-    if (p == 0) {
-        int rc = fn();
-        fflush(NULL);
-        _exit(rc);
-    }
-    int rc = stack_dump_wait(p, limit_s, what);
-    printf("%s: %s%s\n", what, rc ? "FAILED" : "ok", rc == 124 ? " (still running: killed)" : "");
-    return rc != 0;
-}
-
 static int run_job(int n, int fault)
 {
     ncclUniqueId id;
@@ -782,8 +765,8 @@ int main(void)
     failed |= run_job(2, 0);
     if (devcoll_mode())
         failed |= run_job(2, 2);
-    failed |= run_child(init_all_main, "ncclCommInitAll(3) on device buffers from one thread", 120);
-    failed |= run_child(threads_main, "2 ranks as threads of one process", 120);
-    failed |= run_child(one_rank_main, "1 rank: copies on the caller's stream", 60);
+    failed |= stack_dump_run_case(init_all_main, "ncclCommInitAll(3) on device buffers from one thread", 120);
+    failed |= stack_dump_run_case(threads_main, "2 ranks as threads of one process", 120);
+    failed |= stack_dump_run_case(one_rank_main, "1 rank: copies on the caller's stream", 60);
     return failed;
 }
