@@ -623,13 +623,33 @@ static void legacy_sync(void)
     pthread_mutex_unlock(&G);
 }
 
+/* Page-locked host allocations (cudaHostAlloc), so that copies between
+ * device memory and pageable host memory can be counted
+ * (cuda_fake_pageable_bytes()). */
+typedef struct fake_pinned {
+    char *p;
+    size_t n;
+    struct fake_pinned *next;
+} fake_pinned;
+static fake_pinned *pinned;
+
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags)
 {
     GUARD();
     (void)flags; /* mapped or not: the device pointer is the host pointer */
     legacy_sync();
+    fake_pinned *rec = malloc(sizeof(*rec));
     *p = malloc(n ? n : 1);
-    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+    if (!*p || !rec) {
+        free(*p);
+        free(rec);
+        return cudaErrorMemoryAllocation;
+    }
+    pthread_mutex_lock(&G);
+    *rec = (fake_pinned){*p, n ? n : 1, pinned};
+    pinned = rec;
+    pthread_mutex_unlock(&G);
+    return cudaSuccess;
 }
 
 cudaError_t cudaMallocHost(void **p, size_t n)
@@ -650,6 +670,18 @@ cudaError_t cudaFreeHost(void *p)
 {
     GUARD();
     legacy_sync();
+    fake_pinned *found = NULL;
+    pthread_mutex_lock(&G);
+    for (fake_pinned **f = &pinned; *f; f = &(*f)->next)
+        if ((*f)->p == p) {
+            found = *f;
+            *f = found->next;
+            break;
+        }
+    pthread_mutex_unlock(&G);
+    if (!found && p)
+        return cudaErrorInvalidValue; /* not from cudaHostAlloc */
+    free(found);
     free(p);
     return cudaSuccess;
 }
@@ -679,11 +711,31 @@ static int is_device_locked(const void *p)
     return 0;
 }
 
+/* Bytes copied between device memory and pageable host memory (neither
+ * device nor from cudaHostAlloc), either way (cuda_fake_pageable_bytes()). */
+static _Atomic unsigned long long pageable_bytes;
+
+unsigned long long cuda_fake_pageable_bytes(void)
+{
+    return pageable_bytes;
+}
+
+static int is_pinned_locked(const void *p)
+{
+    for (fake_pinned *f = pinned; f; f = f->next)
+        if ((const char *)p >= f->p && (const char *)p < f->p + f->n)
+            return 1;
+    return 0;
+}
+
 static void count_d2h(const void *d, const void *s, size_t n)
 {
     pthread_mutex_lock(&G);
-    if (is_device_locked(s) && !is_device_locked(d))
+    int sdev = is_device_locked(s), ddev = is_device_locked(d);
+    if (sdev && !ddev)
         d2h_bytes += n;
+    if ((sdev && !ddev && !is_pinned_locked(d)) || (ddev && !sdev && !is_pinned_locked(s)))
+        pageable_bytes += n;
     pthread_mutex_unlock(&G);
 }
 

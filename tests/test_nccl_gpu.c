@@ -31,6 +31,7 @@ static int g_rank = -1;
 
 #ifdef BRAID_CUDA_FAKE
 unsigned long cuda_fake_copies(void);           /* tests/cuda_fake.c */
+unsigned long long cuda_fake_pageable_bytes(void); /* tests/cuda_fake.c */
 unsigned long cuda_fake_devcoll_launches(void); /* tests/cuda_fake_devcoll.c */
 #endif
 
@@ -111,6 +112,29 @@ static int fetch(ctx *c, const int32_t *d, size_t count)
     return 0;
 }
 
+/* Bytes moved between device and pageable host memory so far: counted by
+ * the stand-in only (a GPU run has no such counter, and passes). */
+static unsigned long long pageable_bytes(void)
+{
+#ifdef BRAID_CUDA_FAKE
+    return cuda_fake_pageable_bytes();
+#else
+    return 0;
+#endif
+}
+
+/* All-reduce and broadcast go through braid's device path: pinned staging
+ * pieces, the device ring or kernels, never a pageable host copy. Waits
+ * for the call first, so every copy its job made is counted. */
+static int no_pageable(ctx *c, unsigned long long before, const char *call)
+{
+    CU(cudaStreamSynchronize(c->s));
+    unsigned long long moved = pageable_bytes() - before;
+    if (moved)
+        FAIL("%s moved %llu bytes through pageable host memory", call, moved);
+    return 0;
+}
+
 static int32_t sum_val(int n, size_t i)
 {
     int32_t s = 0;
@@ -127,8 +151,9 @@ static int test_allreduce(ctx *c)
 #ifdef BRAID_CUDA_FAKE
     unsigned long kernels = cuda_fake_devcoll_launches();
 #endif
+    unsigned long long before = pageable_bytes();
     NC(ncclAllReduce(c->d0, c->d1, COUNT, ncclInt32, ncclSum, c->comm, c->s));
-    if (fetch(c, c->d1, COUNT))
+    if (no_pageable(c, before, "ncclAllReduce") || fetch(c, c->d1, COUNT))
         return 1;
 #ifdef BRAID_CUDA_FAKE
     if (devcoll_mode() && c->n > 1 && cuda_fake_devcoll_launches() == kernels)
@@ -178,8 +203,9 @@ static int test_reduce_broadcast(ctx *c)
     /* Broadcast out of place from rank 0, then in place from the last. */
     if (put(c, c->d0, COUNT, c->rank) || poison(c, c->d1, COUNT))
         return 1;
+    unsigned long long before = pageable_bytes();
     NC(ncclBroadcast(c->d0, c->d1, COUNT, ncclInt32, 0, c->comm, c->s));
-    if (fetch(c, c->d1, COUNT))
+    if (no_pageable(c, before, "ncclBroadcast") || fetch(c, c->d1, COUNT))
         return 1;
     for (size_t i = 0; i < COUNT; i++)
         if (c->h[i] != in_val(0, i))

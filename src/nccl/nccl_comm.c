@@ -38,6 +38,8 @@ NCCL_API ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId)
 static void comm_free(ncclComm_t comm)
 {
     pthread_mutex_destroy(&comm->mu);
+    pthread_mutex_destroy(&comm->inflight_mu);
+    pthread_cond_destroy(&comm->settled);
     free(comm->ids);
     free(comm->redops);
     free(comm);
@@ -96,8 +98,11 @@ ncclResult_t nccl__comm_init_run(ncclComm_t comm)
     return ncclSuccess;
 }
 
+/* An init on a thread of its own runs on the device the communicator was
+ * created on: braid sets up its device state there (docs/CUDA.md). */
 static void *init_main(void *arg)
 {
+    nccl__dev_bind_thread(arg);
     nccl__comm_init_run(arg);
     return NULL;
 }
@@ -106,6 +111,7 @@ static void *init_main(void *arg)
 static void *init_async_main(void *arg)
 {
     ncclComm_t comm = arg;
+    nccl__dev_bind_thread(comm);
     nccl__comm_init_run(comm);
     if (comm->init_result != ncclSuccess)
         nccl__fail(comm->init_result, "%s", comm->init_error); /* for this thread's log */
@@ -113,38 +119,63 @@ static void *init_async_main(void *arg)
     return NULL;
 }
 
+/* Waits happen outside comm->mu, so that ncclCommGetAsyncError from a
+ * watchdog thread never queues behind a running init or collective: the
+ * init thread is joined only once it has finished, and the pending call
+ * is claimed (settling) before it is waited for. */
 ncclResult_t nccl__comm_settle(ncclComm_t comm, int wait)
 {
-    ncclResult_t r = ncclSuccess;
+    if (atomic_load(&comm->init_started) && !atomic_load(&comm->init_done)) {
+        if (!wait)
+            return ncclInProgress;
+        struct timespec ms = {0, 1000000};
+        while (!atomic_load(&comm->init_done))
+            nanosleep(&ms, NULL);
+    }
     pthread_mutex_lock(&comm->mu);
     if (atomic_load(&comm->init_started)) {
-        if (!wait && !atomic_load(&comm->init_done)) {
-            pthread_mutex_unlock(&comm->mu);
-            return ncclInProgress;
-        }
-        pthread_join(comm->init_thread, NULL);
+        pthread_join(comm->init_thread, NULL); /* finished: returns at once */
         atomic_store(&comm->init_started, 0);
     }
     if (comm->init_result != ncclSuccess) {
-        r = nccl__fail(comm->init_result == ncclInProgress ? ncclInvalidUsage : comm->init_result,
-                       "%s", comm->init_error);
+        ncclResult_t r = nccl__fail(comm->init_result == ncclInProgress ? ncclInvalidUsage : comm->init_result,
+                                    "%s", comm->init_error);
         pthread_mutex_unlock(&comm->mu);
         return r;
     }
-    if (comm->pending) {
-        int done = 1;
-        if (!wait)
-            braid_test(comm->pending, &done);
-        if (!done) {
+    /* A call another thread is settling: in progress until it is done. */
+    while (comm->settling) {
+        if (!wait) {
             pthread_mutex_unlock(&comm->mu);
             return ncclInProgress;
         }
-        r = nccl__exec_finish(comm->pending, &comm->pending_op, 1);
-        comm->pending = NULL;
-        int none = ncclSuccess;
-        if (r != ncclSuccess && atomic_compare_exchange_strong(&comm->async_error, &none, (int)r))
-            snprintf(comm->async_text, sizeof(comm->async_text), "%s", ncclGetLastError(NULL));
+        pthread_cond_wait(&comm->settled, &comm->mu);
     }
+    braid_work *pending = comm->pending;
+    if (!pending) {
+        pthread_mutex_unlock(&comm->mu);
+        return ncclSuccess;
+    }
+    int done = 1;
+    if (!wait)
+        braid_test(pending, &done);
+    if (!done) {
+        pthread_mutex_unlock(&comm->mu);
+        return ncclInProgress;
+    }
+    nccl_op op = comm->pending_op;
+    comm->settling = 1;
+    pthread_mutex_unlock(&comm->mu);
+
+    ncclResult_t r = nccl__exec_finish(pending, &op, 1);
+
+    pthread_mutex_lock(&comm->mu);
+    comm->pending = NULL;
+    comm->settling = 0;
+    int none = ncclSuccess;
+    if (r != ncclSuccess && atomic_compare_exchange_strong(&comm->async_error, &none, (int)r))
+        snprintf(comm->async_text, sizeof(comm->async_text), "%s", ncclGetLastError(NULL));
+    pthread_cond_broadcast(&comm->settled);
     pthread_mutex_unlock(&comm->mu);
     return r;
 }
@@ -189,6 +220,8 @@ ncclResult_t nccl__comm_init(ncclComm_t *out, int nranks, const ncclUniqueId *id
     if (!comm)
         return nccl__fail(ncclSystemError, "%s: out of memory", call);
     pthread_mutex_init(&comm->mu, NULL);
+    pthread_mutex_init(&comm->inflight_mu, NULL);
+    pthread_cond_init(&comm->settled, NULL);
     comm->rank = rank;
     comm->nranks = nranks;
     comm->cuda_dev = nccl__current_device();
@@ -267,6 +300,8 @@ ncclResult_t nccl__comm_from_pg(braid_pg *pg, ncclComm_t parent, const ncclConfi
     if (!comm)
         return nccl__fail(ncclSystemError, "%s: out of memory", call);
     pthread_mutex_init(&comm->mu, NULL);
+    pthread_mutex_init(&comm->inflight_mu, NULL);
+    pthread_cond_init(&comm->settled, NULL);
     comm->rank = braid_pg_rank(pg);
     comm->nranks = braid_pg_size(pg);
     comm->cuda_dev = parent->cuda_dev;
@@ -356,12 +391,14 @@ NCCL_API ncclResult_t ncclCommFinalize(ncclComm_t comm)
     /* Host calls completed before they returned; device calls are flushed
      * here (their streams are released as they complete). */
     nccl__dev_drain(comm);
+    nccl__inflight_wait(comm);
     comm->finalized = 1;
     ncclResult_t async = (ncclResult_t)atomic_load(&comm->async_error);
     if (async != ncclSuccess) {
         const char *text = nccl__dev_error(comm);
-        return nccl__fail(async, "ncclCommFinalize: an earlier call on device buffers failed: %s",
-                          text ? text : "(no detail)");
+        if (!text)
+            text = comm->async_text[0] ? comm->async_text : "(no detail)";
+        return nccl__fail(async, "ncclCommFinalize: an earlier call on device buffers failed: %s", text);
     }
     return ncclSuccess;
 }
@@ -416,9 +453,12 @@ static ncclResult_t comm_release(ncclComm_t comm, int abort, const char *call)
     }
     /* Destroy lets the device calls already enqueued finish; abort makes
      * them fail at once (braid_pg_abort in quiesce). */
-    if (!abort)
+    if (!abort) {
         nccl__dev_drain(comm);
+        nccl__inflight_wait(comm);
+    }
     quiesce(comm, abort);
+    nccl__inflight_wait(comm); /* aborted above on abort: they end at once */
     if (comm->pending)
         nccl__comm_settle(comm, 1); /* a nonblocking call; aborted above on abort */
     nccl__dev_stop(comm);
@@ -455,6 +495,7 @@ NCCL_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async
         return ncclSuccess;
     }
     nccl__dev_poll_kernels(comm);
+    nccl__inflight_reap(comm);
     ncclResult_t async = (ncclResult_t)atomic_load(&comm->async_error);
     if (async != ncclSuccess) {
         const char *text = nccl__dev_error(comm);

@@ -1,36 +1,39 @@
 /* Device buffers, CUDA build: NCCL's stream semantics on top of braid.
  *
- * A call (or a group's batch) on CUDA device memory becomes a job on the
- * communicator's device worker, a thread that runs the jobs in issue
- * order. At submission, on each stream the batch names:
+ * All-reduce and broadcast outside groups, the calls a trainer makes, go
+ * to braid's own device path like any braid call with a stream and a work
+ * handle (braid__hmem_submit, docs/CUDA.md): the device-collective kernels
+ * where the group has them, else the device ring over device links, else
+ * pinned staging in pieces whose copies overlap the network. The call
+ * returns once queued; the caller's stream is held until the result is in
+ * place; the work handle is kept (nccl_inflight.c) for
+ * ncclCommGetAsyncError and ncclCommFinalize/Destroy.
+ *
+ * The other calls on device memory (the collectives braid's device path
+ * has no form for, PreMulSum, groups) become a job on the communicator's
+ * device worker, a thread that runs the jobs in issue order. At
+ * submission, on each stream the batch names:
  *
  *   - an event `ready` is recorded: the job sees exactly the work queued
  *     on the stream before the call;
  *   - a gate is queued (braid__cuda_gate_arm, cuda/cuda_gate.c: a
  *     one-thread kernel polling a mapped flag) that holds the stream until
- *     the job is done with the buffers: later work on the stream sees the
- *     result, and cudaStreamSynchronize(stream) returns after it. Not a
- *     host function: CUDA runs those of every stream of the process on one
- *     callback thread, so one blocked gate would hold every other
- *     communicator's streams (several ranks in one process deadlock).
+ *     the job is done with the buffers. Not a host function: CUDA runs
+ *     those of every stream of the process on one callback thread, so one
+ *     blocked gate would hold every other communicator's streams.
  *
- * The call then returns. The worker makes its own non-blocking stream wait
- * for every `ready`, copies the device inputs down into host memory,
- * runs the batch there with braid's host collectives (nccl__exec_start:
- * the same code as host calls), copies the outputs back up, waits for
- * those copies, and opens the gate. The worker's stream is non-blocking,
- * so a caller stream held by the gate never holds it up, and kernels and
- * gate flags were set up before any gate (braid__cuda_gate_prepare, at
- * communicator creation through braid__hmem_pg_prepare).
+ * The worker makes its own non-blocking stream wait for every `ready`,
+ * copies the device inputs down into host memory, runs the batch there
+ * with braid's host collectives (nccl__exec_start), copies the outputs
+ * back up, waits for those copies, and opens the gate. Streams under graph
+ * capture are refused there (the gate would not hold on replay).
  *
- * On one rank a collective's result is its input: it is one
- * cudaMemcpyAsync on the caller's stream (nothing in place), no job.
- * This is the design of braid's own device path (cuda/hmem_cuda.c,
- * docs/CUDA.md), which covers all-reduce and broadcast outside groups
- * only; the worker covers every NCCL call and groups.
+ * On one rank a collective's result is its input: one cudaMemcpyAsync on
+ * the caller's stream (nothing in place), no job.
  *
- * Host calls on the same communicator wait for the worker to be idle
- * first (nccl__dev_drain), so braid sees every call in issue order.
+ * Host calls, and engine calls, on the same communicator wait for the
+ * worker to be idle first (nccl__dev_drain), so braid sees every call in
+ * issue order.
  *
  * A job that fails still opens its gate (the buffers are then undefined)
  * and leaves its code in ncclCommGetAsyncError, as NCCL reports errors of
@@ -47,6 +50,7 @@
 
 #include "braid_cuda.h"
 #include "device_coll_group.h"
+#include "hmem.h"
 #include "nccl_internal.h"
 
 /* A batch on the worker's queue. */
@@ -75,7 +79,7 @@ struct nccl_worker {
 
 int nccl__dev_is_device(const void *p)
 {
-    return p && braid__cuda_ptr_kind(p, NULL) == BRAID_CUDA_PTR_DEVICE;
+    return p && braid__mem_is_device(p); /* braid's one meaning: device or managed memory */
 }
 
 ncclResult_t nccl__dev_check(const void *p, const char *what, const char *call)
@@ -324,7 +328,7 @@ static int batch_device(ncclComm_t comm, const nccl_op *ops, int n)
                             nccl__op_recv_bytes(&ops[i], comm->rank, comm->nranks) ? ops[i].recv : NULL};
         for (int k = 0; k < 2; k++) {
             int dev = -1;
-            if (p[k] && braid__cuda_ptr_kind(p[k], &dev) == BRAID_CUDA_PTR_DEVICE)
+            if (p[k] && braid__cuda_ptr_kind(p[k], &dev) != BRAID_CUDA_PTR_HOST)
                 return dev;
         }
     }
@@ -360,44 +364,23 @@ static ncclResult_t one_rank_submit(ncclComm_t comm, const nccl_op *ops, int n, 
     return ncclSuccess;
 }
 
-/* The braid call an all-reduce or broadcast op is. */
-static braid_coll coll_of(const nccl_op *op)
+/* The worker cannot run under graph capture: its gate would be baked into
+ * the graph and pass at once on replay, and its copies would not be
+ * captured. Say so, as CUDA would fail the capture otherwise. */
+static ncclResult_t refuse_capture(const nccl_op *ops, int n, const char *call)
 {
-    braid_coll c;
-    memset(&c, 0, sizeof(c));
-    c.kind = op->kind == NCCL_OP_ALLREDUCE ? BRAID_COLL_ALLREDUCE : BRAID_COLL_BROADCAST;
-    c.send = op->send;
-    c.recv = op->recv;
-    c.count = op->count;
-    c.dtype = op->dtype;
-    c.op = op->op;
-    c.root = op->root;
-    return c;
-}
-
-/* An all-reduce or broadcast outside a group, on the calling thread's
- * device, in a group with device collectives on (BRAID_DEVCOLL=1,
- * cuda/device_coll_group.h): one kernel on the caller's stream, no job.
- * Fills *c when it is. */
-static int direct_kernel(ncclComm_t comm, const nccl_op *ops, int n, int device, braid_coll *c)
-{
-    if (n != 1 || (ops[0].kind != NCCL_OP_ALLREDUCE && ops[0].kind != NCCL_OP_BROADCAST) || ops[0].pm.used)
-        return 0;
-    int cur = -1;
-    if (cudaGetDevice(&cur) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
+    for (int i = 0; i < n; i++) {
+        enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+        cudaError_t err = cudaStreamIsCapturing(ops[i].stream, &cap);
+        if (err != cudaSuccess)
+            return cuda_fail(err, "cudaStreamIsCapturing", call);
+        if (cap != cudaStreamCaptureStatusNone)
+            return nccl__fail(ncclInvalidUsage,
+                              "%s: %s on a stream under CUDA graph capture: braid captures only all-reduce and "
+                              "broadcast outside groups, and only where device collectives are on (BRAID_DEVCOLL=1)",
+                              call, ops[i].call);
     }
-    *c = coll_of(&ops[0]);
-    return cur == device && braid__devcoll_takes(comm->pg, c, device);
-}
-
-static ncclResult_t direct_submit(ncclComm_t comm, const braid_coll *c, const nccl_op *op)
-{
-    braid_work *w = NULL;
-    braid_status st = braid__devcoll_run(comm->pg, c, op->stream, &w);
-    braid_work_free(w);
-    return st == BRAID_OK ? ncclSuccess : nccl__from_braid(st, op->call);
+    return ncclSuccess;
 }
 
 ncclResult_t nccl__dev_submit(ncclComm_t comm, const nccl_op *ops, int n)
@@ -406,13 +389,15 @@ ncclResult_t nccl__dev_submit(ncclComm_t comm, const nccl_op *ops, int n)
     int device = batch_device(comm, ops, n);
     if (device < 0)
         return nccl__fail(ncclInternalError, "%s: no device buffer in a device batch", call);
+    if (nccl__engine_takes(ops, n))
+        return nccl__engine_submit(comm, &ops[0], device);
     if (one_rank_copies(comm, ops, n))
         return one_rank_submit(comm, ops, n, call);
-    braid_coll direct;
-    if (direct_kernel(comm, ops, n, device, &direct))
-        return direct_submit(comm, &direct, &ops[0]);
+    ncclResult_t r = refuse_capture(ops, n, call);
+    if (r != ncclSuccess)
+        return r;
     nccl_worker *w;
-    ncclResult_t r = worker_get(comm, device, call, &w);
+    r = worker_get(comm, device, call, &w);
     if (r != ncclSuccess)
         return r;
 
@@ -486,6 +471,12 @@ void nccl__dev_drain(ncclComm_t comm)
     pthread_mutex_unlock(&w->mu);
     /* The worker's errors reach this thread's ncclGetLastError through
      * the call that reports them (ncclCommGetAsyncError, ncclCommFinalize). */
+}
+
+void nccl__dev_bind_thread(ncclComm_t comm)
+{
+    if (comm->cuda_dev >= 0 && cudaSetDevice(comm->cuda_dev) != cudaSuccess)
+        (void)cudaGetLastError(); /* the init's own device calls will say why */
 }
 
 void nccl__dev_stop(ncclComm_t comm)

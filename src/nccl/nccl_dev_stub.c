@@ -33,6 +33,11 @@ void nccl__dev_drain(ncclComm_t comm)
     (void)comm;
 }
 
+void nccl__dev_bind_thread(ncclComm_t comm)
+{
+    (void)comm;
+}
+
 void nccl__dev_stop(ncclComm_t comm)
 {
     (void)comm;

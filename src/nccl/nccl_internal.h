@@ -91,6 +91,8 @@ struct ncclComm {
      * by ncclCommGetAsyncError or the next call. Guarded by mu. */
     braid_work *pending;
     nccl_op pending_op;
+    int settling;            /* a thread waits for pending outside mu */
+    pthread_cond_t settled;  /* settling went back to 0 */
     char async_text[512]; /* text of the first such call's failure */
     /* Calls (and open groups) using pg right now; ncclCommAbort, which may
      * come from a watchdog thread, aborts pg and waits for them to leave
@@ -102,11 +104,17 @@ struct ncclComm {
     nccl_premul *redops;
     int nredops;
 
-    /* Runs the calls on device buffers in issue order, created by the
-     * first one; NULL until then. */
+    /* Runs the calls on device buffers that braid's engine does not take
+     * (nccl_dev.c), in issue order, created by the first one; NULL until
+     * then. */
     nccl_worker *worker;
+    /* Device calls braid's engine runs after they returned (nccl_inflight.c),
+     * under inflight_mu. */
+    pthread_mutex_t inflight_mu;
+    struct nccl_inflight *inflight_works;
+    int ninflight_works;
     /* First failure of work that ran after its call returned (device
-     * worker): ncclCommGetAsyncError reports it. */
+     * worker, engine work): ncclCommGetAsyncError reports it. */
     atomic_int async_error;
 };
 
@@ -226,8 +234,8 @@ ncclResult_t nccl__exec_finish(braid_work *work, nccl_op *ops, int n);
 
 /* ---- device buffers (nccl_dev.c; nccl_dev_stub.c without CUDA) ---- */
 
-/* 1 when p is CUDA device memory this build can stage; 0 for host,
- * managed or unknown memory. */
+/* 1 when p is CUDA device or managed memory (braid__mem_is_device, the
+ * one classifier); 0 for host or unknown memory, and always 0 without CUDA. */
 int nccl__dev_is_device(const void *p);
 
 /* Fail with ncclInvalidUsage when p is device memory this build cannot
@@ -239,6 +247,12 @@ ncclResult_t nccl__dev_check(const void *p, const char *what, const char *call);
  * and each of those streams waits for them. Returns once enqueued. */
 ncclResult_t nccl__dev_submit(ncclComm_t comm, const nccl_op *ops, int n);
 
+/* braid's own device path (nccl_dev_engine.c): whether it takes the batch
+ * (an all-reduce or broadcast outside a group), and hand the one op to it
+ * on device `device`; returns once queued. */
+int nccl__engine_takes(const nccl_op *ops, int n);
+ncclResult_t nccl__engine_submit(ncclComm_t comm, const nccl_op *op, int device);
+
 /* Block until comm's worker has run everything enqueued so far (no-op
  * without a worker), so that a host call is issued after them. */
 void nccl__dev_drain(ncclComm_t comm);
@@ -246,11 +260,27 @@ void nccl__dev_drain(ncclComm_t comm);
  * communicator's asynchronous error (ncclRemoteError), once. */
 void nccl__dev_poll_kernels(ncclComm_t comm);
 
+/* Make the calling thread's current device comm's (a thread braid made
+ * for comm, such as a deferred init's); nothing without CUDA or a device. */
+void nccl__dev_bind_thread(ncclComm_t comm);
+
 /* Stop comm's worker (after drain or abort) and free it. */
 void nccl__dev_stop(ncclComm_t comm);
 
 /* Text of the worker's first failure (ncclCommGetAsyncError), or NULL. */
 const char *nccl__dev_error(ncclComm_t comm);
+
+/* ---- device calls in flight on braid's engine (nccl_inflight.c) ---- */
+
+/* Keep work (may be NULL: nothing to keep), the handle of a device call
+ * that returned before completing. */
+ncclResult_t nccl__inflight_add(ncclComm_t comm, braid_work *work, const char *call);
+
+/* Free the finished ones; the first failure becomes comm's async error. */
+void nccl__inflight_reap(ncclComm_t comm);
+
+/* Wait for every one (finalize, destroy, split, shrink), then as reap. */
+void nccl__inflight_wait(ncclComm_t comm);
 
 /* ---- memory and streams (nccl_mem.c) ---- */
 

@@ -35,6 +35,7 @@ NCCL_API ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags)
         return ncclSuccess; /* already revoked */
     braid_pg_abort(comm->pg); /* every pending call returns */
     nccl__dev_drain(comm);    /* the worker's calls fail fast now */
+    nccl__inflight_wait(comm);
     if (comm->pending)
         nccl__comm_settle(comm, 1);
     return ncclSuccess;
@@ -99,6 +100,7 @@ static ncclResult_t shrink(ncclComm_t comm, int *exclude, int count, ncclComm_t 
     if (flags == NCCL_SHRINK_ABORT)
         braid_pg_abort(comm->pg);
     nccl__dev_drain(comm);
+    nccl__inflight_wait(comm);
     if (comm->pending)
         nccl__comm_settle(comm, 1);
 

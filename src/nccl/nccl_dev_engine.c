@@ -1,0 +1,58 @@
+/* Device all-reduce and broadcast of the NCCL shim on braid's own device
+ * path (CUDA build; nccl_dev.c decides which calls come here). */
+#include <cuda_runtime_api.h>
+
+#include "nccl_internal.h"
+
+static ncclResult_t cuda_fail(cudaError_t err, const char *what, const char *call)
+{
+    (void)cudaGetLastError();
+    return nccl__fail(ncclUnhandledCudaError, "%s: %s failed: %s", call, what, cudaGetErrorString(err));
+}
+
+/* Whether braid's own device path takes the batch: an all-reduce or a
+ * broadcast outside a group (braid__hmem_submit: the device-collective
+ * kernels where the group has them, else the device ring, else pinned
+ * staging in pieces whose copies overlap the network). The rest
+ * (collectives braid's device path has no form for, PreMulSum, groups)
+ * stays on the worker. */
+int nccl__engine_takes(const nccl_op *ops, int n)
+{
+    return n == 1 && !ops[0].pm.used && (ops[0].kind == NCCL_OP_ALLREDUCE || ops[0].kind == NCCL_OP_BROADCAST);
+}
+
+/* Hand op to braid with a work handle: the call returns once it is queued,
+ * and op->stream is held (by a gate, or by the kernel itself) until the
+ * result is in place. Calls braid runs on the calling thread's device, so
+ * the thread is on the buffers' device for the length of the call, as
+ * NCCL's enqueue is on the communicator's. */
+ncclResult_t nccl__engine_submit(ncclComm_t comm, const nccl_op *op, int device)
+{
+    nccl__dev_drain(comm); /* the worker's earlier calls reach braid first */
+    int cur = -1;
+    cudaError_t err = cudaGetDevice(&cur);
+    if (err == cudaSuccess && cur != device)
+        err = cudaSetDevice(device);
+    if (err != cudaSuccess)
+        return cuda_fail(err, "cudaSetDevice", op->call);
+    braid_work *w = NULL;
+    braid_status st = BRAID_OK;
+    size_t bytes = op->count * braid_dtype_size(op->dtype);
+    if (op->kind == NCCL_OP_ALLREDUCE) {
+        st = braid_allreduce(comm->pg, op->send, op->recv, op->count, op->dtype, op->op, op->stream, &w);
+    } else {
+        /* braid broadcasts in place: the root's input goes to its output
+         * first, on the caller's stream, so braid's call is ordered after it. */
+        if (comm->rank == op->root && bytes && (const void *)op->recv != op->send)
+            err = cudaMemcpyAsync(op->recv, op->send, bytes, cudaMemcpyDefault, op->stream);
+        if (err == cudaSuccess)
+            st = braid_broadcast(comm->pg, op->recv, op->count, op->dtype, op->root, op->stream, &w);
+    }
+    if (cur >= 0 && cur != device)
+        (void)cudaSetDevice(cur);
+    if (err != cudaSuccess)
+        return cuda_fail(err, "cudaMemcpyAsync (broadcast root's input)", op->call);
+    if (st != BRAID_OK)
+        return nccl__from_braid(st, op->call);
+    return nccl__inflight_add(comm, w, op->call);
+}
