@@ -581,10 +581,22 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p)
     return cudaSuccess;
 }
 
+/* CUDA opens IPC handles only in other processes: in the process that
+ * made one, cuIpcOpenMemHandle and cuIpcOpenEventHandle fail with "invalid
+ * device context". Ranks that are threads of one process must not try. */
+static int own_handle(const char in[64])
+{
+    fake_ipc_handle h;
+    memcpy(&h, in, sizeof(h));
+    return h.magic == FAKE_IPC_MAGIC && h.pid == (int32_t)getpid();
+}
+
 cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned flags)
 {
     GUARD();
     (void)flags;
+    if (own_handle(h.reserved))
+        return cudaErrorInvalidContext;
     fake_alloc *f = malloc(sizeof(*f));
     size_t n = 0;
     char *m = f ? handle_map(h.reserved, &n) : NULL;
@@ -887,6 +899,8 @@ cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *h, cudaEvent_t e)
 cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *e, cudaIpcEventHandle_t h)
 {
     GUARD();
+    if (own_handle(h.reserved))
+        return cudaErrorInvalidContext;
     size_t n = 0;
     fake_counters *c = handle_map(h.reserved, &n);
     if (!c)

@@ -34,6 +34,7 @@ typedef enum {
     cudaErrorMemoryAllocation = 2,
     cudaErrorInvalidDevice = 101,
     cudaErrorInvalidResourceHandle = 400,
+    cudaErrorInvalidContext = 201,
     cudaErrorMapBufferObjectFailed = 205,
     cudaErrorNotReady = 600,
 } cudaError_t;

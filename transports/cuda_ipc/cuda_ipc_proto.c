@@ -40,7 +40,7 @@ static braid_status bad(char *why, size_t why_len, const char *what)
     return BRAID_ERR_PEER;
 }
 
-/* Layout: magic, version, device, nslots, slot_bytes, reserved (4 each),
+/* Layout: magic, version, device, nslots, slot_bytes, pid (4 each),
  * host_hash (8), bus_id (16), ring handle (64), event handles (16 x 64). */
 void braid__ipc_setup_encode(const braid_ipc_setup *s, uint8_t out[BRAID_IPC_SETUP_BYTES])
 {
@@ -50,6 +50,7 @@ void braid__ipc_setup_encode(const braid_ipc_setup *s, uint8_t out[BRAID_IPC_SET
     put32(out + 8, (uint32_t)s->device);
     put32(out + 12, s->nslots);
     put32(out + 16, s->slot_bytes);
+    put32(out + 20, s->pid);
     put64(out + 24, s->host_hash);
     memcpy(out + 32, s->bus_id, BRAID_IPC_BUS_ID_BYTES);
     out[32 + BRAID_IPC_BUS_ID_BYTES - 1] = '\0';
@@ -74,8 +75,7 @@ braid_status braid__ipc_setup_decode(const uint8_t in[BRAID_IPC_SETUP_BYTES], br
     d.device = (int32_t)get32(in + 8);
     d.nslots = get32(in + 12);
     d.slot_bytes = get32(in + 16);
-    if (get32(in + 20) != 0)
-        return bad(why, why_len, "cuda_ipc set-up message has reserved bits set");
+    d.pid = get32(in + 20);
     if (d.nslots > BRAID_IPC_MAX_SLOTS)
         return bad(why, why_len, "cuda_ipc set-up message has a slot count out of range");
     if (d.nslots == 0 ? d.slot_bytes != 0

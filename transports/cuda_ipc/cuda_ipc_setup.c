@@ -39,6 +39,7 @@ static braid_status local_setup(ipc_conn *c, braid_ipc_setup *me)
     memset(me, 0, sizeof(*me));
     me->version = BRAID_IPC_VERSION;
     me->device = -1;
+    me->pid = (uint32_t)getpid();
     me->host_hash = host_hash();
     IPC_CU(c, cudaGetDevice(&c->device));
     int ipc_events = 0;
@@ -76,6 +77,12 @@ static braid_status check_reach(ipc_conn *c, const braid_ipc_setup *me, const br
     if (peer->host_hash != me->host_hash)
         return (c->eager ? braid__error : braid__error_quiet)(BRAID_ERR_UNSUPPORTED, "rank %d: cuda_ipc peer %d runs on another host", c->rank,
                             c->base.peer);
+    /* Ranks that are threads of one process: CUDA refuses to open a
+     * process's own IPC handles, so the pair keeps its host link. */
+    if (peer->pid == me->pid)
+        return (c->eager ? braid__error : braid__error_quiet)(BRAID_ERR_UNSUPPORTED,
+                            "rank %d: cuda_ipc peer %d is a thread of this process (CUDA opens IPC handles only in "
+                            "other processes)", c->rank, c->base.peer);
     if (!strcmp(peer->bus_id, me->bus_id))
         return BRAID_OK;
     int pdev = -1, can = 0;
