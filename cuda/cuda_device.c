@@ -109,7 +109,8 @@ typedef int (*cu_primary_ctx_get_state_fn)(int dev, unsigned *flags, int *active
 static int contexts_may_exist(void)
 {
 #ifdef BRAID_CUDA_FAKE
-    return 1; /* tests/cuda_fake.c stands in for the runtime: there is no driver to ask */
+    int cuda_fake_context_exists(void); /* tests/cuda_fake.c: made by the first runtime call that needs one */
+    return cuda_fake_context_exists();
 #else
     static atomic_int seen;
     static cu_ctx_get_current_fn get_current;

@@ -15,6 +15,7 @@
 #include <cuda_runtime_api.h>
 
 #include "algo/algo.h"
+#include "bootstrap/store.h"
 #include "braid_cuda.h"
 #include "device_coll.h"
 #include "device_coll_group.h"
@@ -28,7 +29,7 @@
 
 /* What each rank publishes in the store. */
 typedef struct {
-    uint32_t ok; /* 1: a region is made and mapped here */
+    uint32_t ok; /* 1: a region is made here; 0: none; 2 (at group creation): no CUDA context yet */
     int32_t pid;
     int32_t sm_count;
     uint32_t pad;
@@ -97,23 +98,19 @@ static int wanted(const braid_pg *pg)
     return pg->size >= 2 && pg->size <= BRAID_DEVCOLL_MAX_RANKS && braid__param_bool("BRAID_DEVCOLL", 0);
 }
 
-void braid__devcoll_prepare(braid_pg *pg)
+/* This rank's region on device, made at the group's first device call. */
+static struct braid_devcoll_group *region_make(braid_pg *pg, int device)
 {
-    if (!wanted(pg))
-        return;
-    if (!braid__cuda_context_seen() || !braid__cuda_available())
-        return;
     struct braid_devcoll_group *g = calloc(1, sizeof(*g));
     if (!g)
-        return;
+        return NULL;
     for (int p = 0; p < BRAID_DEVCOLL_MAX_RANKS; p++)
         g->pidfd[p] = -1;
     g->stop_fd = -1;
     atomic_init(&g->dead_rank, -1);
-    cudaError_t err = cudaGetDevice(&g->device);
-    if (err == cudaSuccess)
-        err = cudaMalloc((void **)&g->region, region_bytes());
-    if (err == cudaSuccess) /* counters start at zero; before any stream is held */
+    g->device = device;
+    cudaError_t err = cudaMalloc((void **)&g->region, region_bytes());
+    if (err == cudaSuccess) /* counters start at zero */
         err = cudaMemset(g->region, 0, braid__devcoll_data_offset());
     if (err == cudaSuccess)
         err = cudaHostAlloc((void **)&g->flags_host, 64, cudaHostAllocMapped);
@@ -130,13 +127,13 @@ void braid__devcoll_prepare(braid_pg *pg)
         BRAID_INFO("rank %d: no device collectives: cannot make a %zu-byte region on device %d: %s", pg->rank,
                    region_bytes(), g->device, cudaGetErrorString(err));
         group_free(g);
-        return;
+        return NULL;
     }
     g->mine.ok = 1;
     g->mine.pid = (int32_t)getpid();
     g->mine.sm_count = braid__cuda_sm_count(g->device);
     g->mine.region = (uint64_t)(uintptr_t)g->region;
-    pg->devcoll = g;
+    return g;
 }
 
 /* Maps peer p's region; 0 when it cannot. Ranks of this process (threads)
@@ -220,25 +217,6 @@ static void watch_start(braid_pg *pg, struct braid_devcoll_group *g, const regio
         BRAID_INFO("rank %d: device collectives: no watchdog on the peer processes: %s", pg->rank, strerror(errno));
 }
 
-static braid_status publish_ok(braid_pg *pg, braid_store *store, int ok, int *all_ok)
-{
-    char key[64];
-    uint32_t v = (uint32_t)ok, got;
-    size_t len;
-    snprintf(key, sizeof(key), "dcoll_ok/%d", pg->rank);
-    BRAID_CHECK(braid__store_set(store, key, &v, sizeof(v)));
-    *all_ok = 1;
-    for (int p = 0; p < pg->size; p++) {
-        snprintf(key, sizeof(key), "dcoll_ok/%d", p);
-        BRAID_CHECK(braid__store_get(store, key, &got, sizeof(got), &len, pg->timeout_ms));
-        if (len != sizeof(got))
-            return braid__error(BRAID_ERR_PEER, "rank %d: rank %d published a malformed device region answer",
-                                pg->rank, p);
-        *all_ok &= got == 1;
-    }
-    return BRAID_OK;
-}
-
 /* Blocks a call may use: the smallest SM count of the group divided by
  * the most ranks on one GPU, at least 1. A block spins while it waits for
  * its peers' same block, so every block of every rank on a GPU must fit
@@ -259,50 +237,162 @@ static int group_blocks(const region_record *recs, int n)
     return sms / share > 0 ? sms / share : 1;
 }
 
-braid_status braid__devcoll_exchange(braid_pg *pg, braid_store *store)
+/* How the ranks swap their records and their answers: through the store
+ * while the group forms, or with host collectives at its first device call. */
+typedef struct {
+    braid_status (*gather)(braid_pg *pg, const region_record *mine, region_record *recs);
+    braid_status (*all_ok)(braid_pg *pg, int ok, int *all);
+} swap_ops;
+
+static braid_status store_gather(braid_pg *pg, const region_record *mine, region_record *recs)
 {
-    /* Every rank takes part, with or without a region: the answer is the
-     * group's, all or nothing. */
-    if (!wanted(pg))
-        return BRAID_OK;
-    struct braid_devcoll_group *g = pg->devcoll;
-    region_record none;
-    memset(&none, 0, sizeof(none));
     char key[64];
     size_t len;
     snprintf(key, sizeof(key), "dcoll/%d", pg->rank);
-    BRAID_CHECK(braid__store_set(store, key, g ? &g->mine : &none, sizeof(none)));
-    int ok = g != NULL;
-    region_record recs[BRAID_DEVCOLL_MAX_RANKS];
+    BRAID_CHECK(braid__store_set(pg->store, key, mine, sizeof(*mine)));
     for (int p = 0; p < pg->size; p++) {
-        region_record *r = &recs[p];
         snprintf(key, sizeof(key), "dcoll/%d", p);
-        BRAID_CHECK(braid__store_get(store, key, r, sizeof(*r), &len, pg->timeout_ms));
-        if (len != sizeof(*r) || memchr(r->bus, '\0', sizeof(r->bus)) == NULL)
+        BRAID_CHECK(braid__store_get(pg->store, key, &recs[p], sizeof(recs[p]), &len, pg->timeout_ms));
+        if (len != sizeof(recs[p]))
             return braid__error(BRAID_ERR_PEER, "rank %d: rank %d published a malformed device region record",
                                 pg->rank, p);
-        if (!ok || p == pg->rank)
+    }
+    return BRAID_OK;
+}
+
+static braid_status store_all_ok(braid_pg *pg, int ok, int *all)
+{
+    char key[64];
+    uint32_t v = (uint32_t)ok, got;
+    size_t len;
+    snprintf(key, sizeof(key), "dcoll_ok/%d", pg->rank);
+    BRAID_CHECK(braid__store_set(pg->store, key, &v, sizeof(v)));
+    *all = 1;
+    for (int p = 0; p < pg->size; p++) {
+        snprintf(key, sizeof(key), "dcoll_ok/%d", p);
+        BRAID_CHECK(braid__store_get(pg->store, key, &got, sizeof(got), &len, pg->timeout_ms));
+        if (len != sizeof(got))
+            return braid__error(BRAID_ERR_PEER, "rank %d: rank %d published a malformed device region answer",
+                                pg->rank, p);
+        *all &= got == 1;
+    }
+    return BRAID_OK;
+}
+
+/* Over the group's own (authenticated) connections, issued like any
+ * call: every rank runs them at the same point of its call sequence. */
+static braid_status coll_gather(braid_pg *pg, const region_record *mine, region_record *recs)
+{
+    return braid_allgather(pg, mine, recs, sizeof(*mine), BRAID_U8, NULL, NULL);
+}
+
+static braid_status coll_all_ok(braid_pg *pg, int ok, int *all)
+{
+    int32_t mine = ok, min = 0;
+    BRAID_CHECK(braid_allreduce(pg, &mine, &min, 1, BRAID_I32, BRAID_MIN, NULL, NULL));
+    *all = min == 1;
+    return BRAID_OK;
+}
+
+static const swap_ops by_store = {store_gather, store_all_ok};
+static const swap_ops by_collectives = {coll_gather, coll_all_ok};
+
+/* Map every peer's region and agree, all or nothing; recs are every
+ * rank's records. On: pg->devcoll is ready. Off: the region is freed. */
+static braid_status decide(braid_pg *pg, const swap_ops *swap, const region_record *recs)
+{
+    struct braid_devcoll_group *g = pg->devcoll;
+    int ok = g != NULL;
+    for (int p = 0; ok && p < pg->size; p++) {
+        if (p == pg->rank)
             continue;
-        if (!r->ok || pg->host_hash[p] != pg->host_hash[pg->rank])
+        if (recs[p].ok != 1 || pg->host_hash[p] != pg->host_hash[pg->rank])
             ok = 0; /* a rank without a region, or on another host */
         else
-            ok = map_peer(pg, g, p, r);
+            ok = map_peer(pg, g, p, &recs[p]);
     }
-    if (g)
-        g->peer[pg->rank] = g->region;
     int all_ok = 0;
-    BRAID_CHECK(publish_ok(pg, store, ok, &all_ok));
-    if (g && all_ok) {
-        g->max_blocks = group_blocks(recs, pg->size);
-        watch_start(pg, g, recs);
-        g->ready = 1;
+    braid_status st = swap->all_ok(pg, ok, &all_ok);
+    pg->devcoll_agreed = 1;
+    if (st != BRAID_OK || !all_ok) {
+        if (g)
+            group_free(g);
+        pg->devcoll = NULL;
+        if (st == BRAID_OK)
+            BRAID_INFO("rank %d: device collectives off: not every rank has a mapped region", pg->rank);
+        return st;
     }
-    if (all_ok)
-        BRAID_INFO("rank %d: device collectives on: every rank mapped every region; %d blocks a call at most",
-                   pg->rank, g->max_blocks);
-    else
-        BRAID_INFO("rank %d: device collectives off: not every rank has a mapped region", pg->rank);
+    g->peer[pg->rank] = g->region;
+    g->max_blocks = group_blocks(recs, pg->size);
+    watch_start(pg, g, recs);
+    g->ready = 1;
+    BRAID_INFO("rank %d: device collectives on: every rank mapped every region; %d blocks a call at most",
+               pg->rank, g->max_blocks);
     return BRAID_OK;
+}
+
+static braid_status check_records(braid_pg *pg, const region_record *recs)
+{
+    for (int p = 0; p < pg->size; p++)
+        if (memchr(recs[p].bus, '\0', sizeof(recs[p].bus)) == NULL || recs[p].ok > 2)
+            return braid__error(BRAID_ERR_PEER, "rank %d: rank %d sent a malformed device region record", pg->rank,
+                                p);
+    return BRAID_OK;
+}
+
+void braid__devcoll_prepare(braid_pg *pg)
+{
+    int device = -1;
+    if (!wanted(pg))
+        return;
+    pg->devcoll_no_context = !braid__cuda_context_seen();
+    if (pg->devcoll_no_context || !braid__cuda_available())
+        return;
+    if (cudaGetDevice(&device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return;
+    }
+    pg->devcoll = region_make(pg, device);
+}
+
+braid_status braid__devcoll_exchange(braid_pg *pg)
+{
+    if (!wanted(pg))
+        return BRAID_OK;
+    region_record none, recs[BRAID_DEVCOLL_MAX_RANKS];
+    memset(&none, 0, sizeof(none));
+    none.ok = pg->devcoll_no_context ? 2 : 0;
+    BRAID_CHECK(store_gather(pg, pg->devcoll ? &pg->devcoll->mine : &none, recs));
+    BRAID_CHECK(check_records(pg, recs));
+    for (int p = 0; p < pg->size; p++)
+        if (recs[p].ok == 2)
+            return BRAID_OK; /* a rank has no context yet: all decide at the first device call */
+    return decide(pg, &by_store, recs);
+}
+
+braid_status braid__devcoll_agree(braid_pg *pg, int device)
+{
+    if (pg->devcoll_agreed || !wanted(pg))
+        return BRAID_OK;
+    if (pg->devcoll && pg->devcoll->device != device) {
+        group_free(pg->devcoll); /* made at creation on another device than the calls use */
+        pg->devcoll = NULL;
+    }
+    if (!pg->devcoll)
+        pg->devcoll = region_make(pg, device);
+    region_record none, recs[BRAID_DEVCOLL_MAX_RANKS];
+    memset(&none, 0, sizeof(none));
+    braid_status st = by_collectives.gather(pg, pg->devcoll ? &pg->devcoll->mine : &none, recs);
+    if (st == BRAID_OK)
+        st = check_records(pg, recs);
+    if (st != BRAID_OK) {
+        pg->devcoll_agreed = 1;
+        if (pg->devcoll)
+            group_free(pg->devcoll);
+        pg->devcoll = NULL;
+        return st;
+    }
+    return decide(pg, &by_collectives, recs);
 }
 
 void braid__devcoll_abort(braid_pg *pg)

@@ -1,12 +1,13 @@
 /* A group's kernel-driven device collectives (cuda/device_coll.h): each
- * rank's region made at group creation, exchanged through the group's
- * store (authenticated with the job secret), mapped by every peer; then
+ * rank's region made at group creation (or, where some rank had no CUDA
+ * context yet, at the group's first device call), exchanged through the
+ * store or the group's connections (both authenticated with the job
+ * secret), mapped by every peer; then
  * device-memory all-reduces and broadcasts are one kernel on the caller's
  * stream.
  *
- * On only where BRAID_DEVCOLL=1, every rank of the group is on one host
- * and holds a CUDA context at creation, and every rank mapped every
- * region: the group agrees, all or nothing. Then every rank must pass
+ * On only where BRAID_DEVCOLL=1, every rank of the group is on one host,
+ * and every rank mapped every region: the group agrees, all or nothing. Then every rank must pass
  * device memory to those calls (as NCCL requires); a rank that does not
  * leaves its peers' kernels waiting until their timeout, which names it.
  *
@@ -14,17 +15,29 @@
 #ifndef BRAID_DEVICE_COLL_GROUP_H
 #define BRAID_DEVICE_COLL_GROUP_H
 
-#include "bootstrap/store.h"
 #include "pg.h"
 
-/* Before the rendezvous (no stream of the group is held yet): make this
- * rank's region where the calling thread has a CUDA context. Failures
- * are logged and leave the group without device collectives. */
+/* Before the rendezvous (no stream of the group is held yet): where the
+ * calling thread has a CUDA context, make this rank's region on its
+ * current device. Failures are logged and leave this rank without one. */
 void braid__devcoll_prepare(braid_pg *pg);
 
-/* During the join, through the store: publish the region, map the peers',
- * agree. Every rank calls it. */
-braid_status braid__devcoll_exchange(braid_pg *pg, braid_store *store);
+/* During the join, through the store (every rank calls it): publish the
+ * region, or that this rank has no CUDA context yet. When every rank has
+ * one, map the peers' regions and agree now; else every rank leaves the
+ * decision to braid__devcoll_agree. */
+braid_status braid__devcoll_exchange(braid_pg *pg);
+
+/* At each device all-reduce or broadcast, on the calling thread (current
+ * device `device`, the buffers'), before the call is queued; decides only
+ * the first time, where the join did not: make this rank's region, swap
+ * the records with a host all-gather over the group's connections, map
+ * the peers', agree with a host all-reduce (all or nothing). Every rank
+ * reaches it at the same call, so the decision does not depend on when
+ * the program made its CUDA context. That first call waits for every rank
+ * to reach it. A no-op unless BRAID_DEVCOLL=1; fails only when those host
+ * collectives fail. */
+braid_status braid__devcoll_agree(braid_pg *pg, int device);
 
 /* 1 when coll (on device memory of device) runs as a device collective. */
 int braid__devcoll_takes(braid_pg *pg, const braid_coll *coll, int device);

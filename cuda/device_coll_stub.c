@@ -7,10 +7,16 @@ void braid__devcoll_prepare(braid_pg *pg)
     (void)pg;
 }
 
-braid_status braid__devcoll_exchange(braid_pg *pg, braid_store *store)
+braid_status braid__devcoll_exchange(braid_pg *pg)
 {
     (void)pg;
-    (void)store;
+    return BRAID_OK;
+}
+
+braid_status braid__devcoll_agree(braid_pg *pg, int device)
+{
+    (void)pg;
+    (void)device;
     return BRAID_OK;
 }
 

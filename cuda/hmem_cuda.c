@@ -356,6 +356,8 @@ braid_status braid__hmem_submit(braid_pg *pg, const braid_coll *coll, void *cuda
                             pg->rank, op, device, cur);
     if (one_rank_copy(pg, coll))
         return one_rank_run(pg, coll, cuda_stream, work);
+    if (!coll->refused && (coll->kind == BRAID_COLL_ALLREDUCE || coll->kind == BRAID_COLL_BROADCAST))
+        BRAID_CHECK(braid__devcoll_agree(pg, device)); /* the group's first device call decides */
     if (braid__devcoll_takes(pg, coll, device))
         return braid__devcoll_run(pg, coll, cuda_stream, work); /* graph capture included */
     cudaStream_t stream = (cudaStream_t)cuda_stream;

@@ -71,6 +71,8 @@ struct braid_pg {
     /* Kernel-driven device collectives (cuda/device_coll_group.h); NULL
      * when this rank has no region. */
     struct braid_devcoll_group *devcoll;
+    int devcoll_agreed;    /* the group decided on device collectives */
+    int devcoll_no_context; /* this rank had no CUDA context at creation: decide at the first device call */
 
     /* Failure state: sticky first error, abort flag and a wake-up fd that
      * blocked progress loops poll, so abort is seen at once. */

@@ -242,7 +242,7 @@ braid_status braid__pg_join(braid_pg *pg, const braid_rendezvous *rv, const brai
     BRAID_CHECK(braid__checksum_count(pg->store, &checksum_ranks));
     BRAID_CHECK(exchange_local(pg));
     BRAID_CHECK(braid__devlink_exchange(pg));
-    BRAID_CHECK(braid__devcoll_exchange(pg, pg->store));
+    BRAID_CHECK(braid__devcoll_exchange(pg));
     BRAID_CHECK(braid__shrink_prepare(pg, cfg));
     BRAID_CHECK(store_barrier(pg, "init"));
     BRAID_CHECK(braid__checksum_agree(pg->store, pg->rank, pg->size, pg->checksum, checksum_ranks, pg->timeout_ms));

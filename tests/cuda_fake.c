@@ -135,6 +135,19 @@ static void guard(const char *fn)
         abort();
     }
 }
+/* A CUDA context exists once the program made a runtime call that needs
+ * one (as the primary context is made on real CUDA); cudaGetDeviceCount,
+ * the error queries and cudaPointerGetAttributes make none. Until then
+ * braid's cuda_device.c must see no device memory and stay off CUDA. */
+static atomic_int context_made;
+
+int cuda_fake_context_exists(void)
+{
+    return atomic_load(&context_made);
+}
+
+#define CONTEXT() atomic_store(&context_made, 1)
+
 /* Kernels launched by this process (cuda_fake_kernel_launches()). */
 static _Atomic unsigned long kernel_launches;
 
@@ -430,6 +443,7 @@ cudaError_t cudaGetDevice(int *d)
 cudaError_t cudaSetDevice(int d)
 {
     GUARD();
+    CONTEXT();
     return d == 0 ? cudaSuccess : cudaErrorInvalidDevice;
 }
 
@@ -480,6 +494,7 @@ cudaError_t cudaDeviceCanAccessPeer(int *can, int device, int peer)
 cudaError_t cudaDeviceSynchronize(void)
 {
     GUARD();
+    CONTEXT();
     pthread_mutex_lock(&G);
     for (struct fake_stream *s = streams; s; s = s->next_stream)
         drain_locked(s);
@@ -532,6 +547,7 @@ static fake_alloc *alloc_take(const void *p)
 cudaError_t cudaMalloc(void **p, size_t n)
 {
     GUARD();
+    CONTEXT();
     fake_alloc *f = malloc(sizeof(*f));
     int fd = -1;
     size_t len = n ? n : 1;
@@ -549,6 +565,7 @@ cudaError_t cudaMalloc(void **p, size_t n)
 cudaError_t cudaFree(void *p)
 {
     GUARD();
+    CONTEXT();
     if (!p)
         return cudaSuccess;
     cudaDeviceSynchronize(); /* as CUDA's cudaFree does */
@@ -594,6 +611,7 @@ static int own_handle(const char in[64])
 cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned flags)
 {
     GUARD();
+    CONTEXT();
     (void)flags;
     if (own_handle(h.reserved))
         return cudaErrorInvalidContext;
@@ -648,6 +666,7 @@ static fake_pinned *pinned;
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags)
 {
     GUARD();
+    CONTEXT();
     (void)flags; /* mapped or not: the device pointer is the host pointer */
     legacy_sync();
     fake_pinned *rec = malloc(sizeof(*rec));
@@ -701,6 +720,7 @@ cudaError_t cudaFreeHost(void *p)
 cudaError_t cudaMemset(void *p, int v, size_t n)
 {
     GUARD();
+    CONTEXT();
     legacy_sync();
     memset(p, v, n);
     return cudaSuccess;
@@ -754,6 +774,7 @@ static void count_d2h(const void *d, const void *s, size_t n)
 cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind k)
 {
     GUARD();
+    CONTEXT();
     (void)k;
     count_d2h(d, s, n);
     legacy_sync();
@@ -764,6 +785,7 @@ cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind k)
 cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKind k, cudaStream_t st)
 {
     GUARD();
+    CONTEXT();
     (void)k;
     async_copies++;
     count_d2h(d, s, n);
@@ -774,6 +796,7 @@ cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKin
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
 {
     GUARD();
+    CONTEXT();
     pthread_mutex_lock(&G);
     *s = stream_new_locked(!(flags & cudaStreamNonBlocking));
     pthread_mutex_unlock(&G);
@@ -848,6 +871,7 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *
 cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *arg)
 {
     GUARD();
+    CONTEXT();
     enqueue(s, (fake_op){.kind = OP_HOSTFN, .fn = fn, .arg = arg});
     return cudaSuccess;
 }
@@ -855,6 +879,7 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *arg)
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags)
 {
     GUARD();
+    CONTEXT();
     struct fake_event *ev = calloc(1, sizeof(*ev));
     if (!ev)
         return cudaErrorMemoryAllocation;
@@ -899,6 +924,7 @@ cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *h, cudaEvent_t e)
 cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *e, cudaIpcEventHandle_t h)
 {
     GUARD();
+    CONTEXT();
     if (own_handle(h.reserved))
         return cudaErrorInvalidContext;
     size_t n = 0;

@@ -75,6 +75,7 @@ ncclResult_t nccl__comm_init_run(ncclComm_t comm)
 {
     braid_pg *pg;
     int chosen = 0;
+    nccl__dev_attach(comm); /* on this thread, which may be a deferred init's */
     if (comm->ids) {
         comm->init_result = nccl__scalable_pick(comm, &chosen);
         if (comm->init_result != ncclSuccess) {
@@ -98,11 +99,8 @@ ncclResult_t nccl__comm_init_run(ncclComm_t comm)
     return ncclSuccess;
 }
 
-/* An init on a thread of its own runs on the device the communicator was
- * created on: braid sets up its device state there (docs/CUDA.md). */
 static void *init_main(void *arg)
 {
-    nccl__dev_bind_thread(arg);
     nccl__comm_init_run(arg);
     return NULL;
 }
@@ -111,7 +109,6 @@ static void *init_main(void *arg)
 static void *init_async_main(void *arg)
 {
     ncclComm_t comm = arg;
-    nccl__dev_bind_thread(comm);
     nccl__comm_init_run(comm);
     if (comm->init_result != ncclSuccess)
         nccl__fail(comm->init_result, "%s", comm->init_error); /* for this thread's log */
@@ -348,7 +345,8 @@ NCCL_API ncclResult_t ncclCommInitAll(ncclComm_t *comm, int ndev, const int *dev
         comm[i] = NULL;
     ncclGroupStart();
     for (int i = 0; i < ndev && r == ncclSuccess; i++)
-        r = ncclCommInitRank(&comm[i], ndev, id, i);
+        if ((r = ncclCommInitRank(&comm[i], ndev, id, i)) == ncclSuccess)
+            comm[i]->cuda_dev = devlist ? devlist[i] : i; /* its init (at the group's end) runs there */
     ncclResult_t end = ncclGroupEnd();
     if (r == ncclSuccess)
         r = end;
@@ -356,8 +354,6 @@ NCCL_API ncclResult_t ncclCommInitAll(ncclComm_t *comm, int ndev, const int *dev
         if (r != ncclSuccess && comm[i]) {
             ncclCommDestroy(comm[i]);
             comm[i] = NULL;
-        } else if (comm[i]) {
-            comm[i]->cuda_dev = devlist ? devlist[i] : i;
         }
     }
     return r;

@@ -473,10 +473,22 @@ void nccl__dev_drain(ncclComm_t comm)
      * the call that reports them (ncclCommGetAsyncError, ncclCommFinalize). */
 }
 
-void nccl__dev_bind_thread(ncclComm_t comm)
+void nccl__dev_attach(ncclComm_t comm)
 {
-    if (comm->cuda_dev >= 0 && cudaSetDevice(comm->cuda_dev) != cudaSuccess)
-        (void)cudaGetLastError(); /* the init's own device calls will say why */
+    int n = braid__cuda_device_count(); /* asks the driver; makes no context */
+    int dev = comm->cuda_dev;
+    if (n <= 0 || (dev < 0 && cudaGetDevice(&dev) != cudaSuccess)) {
+        (void)cudaGetLastError();
+        return;
+    }
+    /* ncclCommInitAll's default list names devices 0..ndev-1; with fewer
+     * GPUs its communicators share them, as nccl-tests' -g N on one GPU. */
+    if (cudaSetDevice(dev % n) != cudaSuccess) { /* makes the primary context (CUDA 12 on) */
+        (void)cudaGetLastError();
+        return;
+    }
+    if (comm->cuda_dev < 0)
+        comm->cuda_dev = dev;
 }
 
 void nccl__dev_stop(ncclComm_t comm)

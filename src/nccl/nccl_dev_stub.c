@@ -33,7 +33,7 @@ void nccl__dev_drain(ncclComm_t comm)
     (void)comm;
 }
 
-void nccl__dev_bind_thread(ncclComm_t comm)
+void nccl__dev_attach(ncclComm_t comm)
 {
     (void)comm;
 }

@@ -260,9 +260,14 @@ void nccl__dev_drain(ncclComm_t comm);
  * communicator's asynchronous error (ncclRemoteError), once. */
 void nccl__dev_poll_kernels(ncclComm_t comm);
 
-/* Make the calling thread's current device comm's (a thread braid made
- * for comm, such as a deferred init's); nothing without CUDA or a device. */
-void nccl__dev_bind_thread(ncclComm_t comm);
+/* Before comm's group is made, on the thread that makes it: make comm's
+ * device (comm->cuda_dev, else the thread's current one, which it then
+ * records) current, which makes its primary context, as NCCL binds a
+ * communicator to a device at init. braid then sets up its device state
+ * (pinned staging) at group creation, before any stream of the group can
+ * be held, whenever the program makes its own context. Nothing without
+ * CUDA or a device. */
+void nccl__dev_attach(ncclComm_t comm);
 
 /* Stop comm's worker (after drain or abort) and free it. */
 void nccl__dev_stop(ncclComm_t comm);
