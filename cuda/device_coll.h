@@ -109,6 +109,13 @@ int braid__devcoll_blocks_for(size_t bytes, int max_blocks);
  *  *a->fault. */
 braid_status braid__cuda_devcoll(const braid_devcoll_args *a, void *stream);
 
+/* Load every device-collective kernel now (once per process; later calls
+ * return at once). Under lazy module loading a kernel's first launch may
+ * synchronize the context, which would wait for a peer's kernel that spins
+ * until this rank's own launches: call it before any rank of the group can
+ * launch one. */
+braid_status braid__cuda_devcoll_preload(void);
+
 #ifdef __cplusplus
 }
 #endif

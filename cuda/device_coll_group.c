@@ -129,6 +129,13 @@ static struct braid_devcoll_group *region_make(braid_pg *pg, int device)
         group_free(g);
         return NULL;
     }
+    /* Loaded now, before any rank can launch one (device_coll.h). */
+    if (braid__cuda_devcoll_preload() != BRAID_OK) {
+        BRAID_INFO("rank %d: no device collectives: %s", pg->rank, braid_last_error());
+        braid__error_clear();
+        group_free(g);
+        return NULL;
+    }
     g->mine.ok = 1;
     g->mine.pid = (int32_t)getpid();
     g->mine.sm_count = braid__cuda_sm_count(g->device);

@@ -14,6 +14,7 @@
  * block's threads as host threads, blocks one after another; ranks are
  * processes sharing a mapping, so the whole protocol runs on any machine.
  */
+#include <pthread.h>
 #include <stdint.h>
 
 #include <cuda_runtime.h>
@@ -381,6 +382,31 @@ extern "C" int braid__devcoll_blocks_for(size_t bytes, int max_blocks)
     if (want > (size_t)max_blocks)
         want = (size_t)max_blocks;
     return want < 1 ? 1 : (int)want;
+}
+
+extern "C" braid_status braid__cuda_devcoll_preload(void)
+{
+#if DEVCOLL_EMU
+    return BRAID_OK; /* the emulation has no modules to load */
+#else
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static int loaded;
+    braid_status st = BRAID_OK;
+    pthread_mutex_lock(&mu);
+    for (int d = 0; d < BRAID_DTYPE_COUNT && !loaded && st == BRAID_OK; d++)
+        for (int o = 0; o < BRAID_OP_COUNT && st == BRAID_OK; o++) {
+            cudaFuncAttributes attr;
+            cudaError_t err = table.fn[d][o] ? cudaFuncGetAttributes(&attr, (const void *)table.fn[d][o]) : cudaSuccess;
+            if (err != cudaSuccess) {
+                (void)cudaGetLastError();
+                st = braid__error(BRAID_ERR_CUDA, "device collective: cannot load the kernel for dtype %d op %d: %s",
+                                  d, o, cudaGetErrorString(err));
+            }
+        }
+    loaded = st == BRAID_OK;
+    pthread_mutex_unlock(&mu);
+    return st;
+#endif
 }
 
 extern "C" braid_status braid__cuda_devcoll(const braid_devcoll_args *a, void *stream)

@@ -4,6 +4,7 @@
  * order, as the GPU would run the launch. The regions are the stand-in's
  * device memory, which other processes map through its IPC handles, so a
  * group's ranks run the kernels' protocol against each other for real. */
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "cuda_runtime_api.h"
@@ -28,6 +29,42 @@ static void run(void *arg)
     free(a);
 }
 
+/* Lazy module loading, as on CUDA: a kernel's first launch in the process
+ * synchronizes the device (which waits for a peer thread's kernel that
+ * spins until this one runs), unless braid__cuda_devcoll_preload loaded
+ * them all first. */
+static pthread_mutex_t load_mu = PTHREAD_MUTEX_INITIALIZER;
+static int preloaded;
+static unsigned char loaded[BRAID_DTYPE_COUNT][BRAID_OP_COUNT];
+
+braid_status braid__cuda_devcoll_preload(void)
+{
+    pthread_mutex_lock(&load_mu);
+    int load = !preloaded;
+    pthread_mutex_unlock(&load_mu);
+    if (load) {
+        cudaDeviceSynchronize();
+        pthread_mutex_lock(&load_mu);
+        preloaded = 1;
+        pthread_mutex_unlock(&load_mu);
+    }
+    return BRAID_OK;
+}
+
+static void load_lazily(const braid_devcoll_args *a)
+{
+    braid_op op = a->algo == BRAID_DEVCOLL_BROADCAST ? BRAID_SUM : a->op;
+    pthread_mutex_lock(&load_mu);
+    int load = !preloaded && !loaded[a->dtype][op];
+    pthread_mutex_unlock(&load_mu);
+    if (load) {
+        cudaDeviceSynchronize();
+        pthread_mutex_lock(&load_mu);
+        loaded[a->dtype][op] = 1;
+        pthread_mutex_unlock(&load_mu);
+    }
+}
+
 braid_status braid__cuda_devcoll(const braid_devcoll_args *a, void *stream)
 {
     if (a == NULL)
@@ -41,6 +78,7 @@ braid_status braid__cuda_devcoll(const braid_devcoll_args *a, void *stream)
     if (!copy)
         return braid__error(BRAID_ERR_NO_MEMORY, "cuda fake: out of memory");
     *copy = *a;
+    load_lazily(a);
     launches++;
     cuda_fake_launch((cudaStream_t)stream, run, copy);
     return BRAID_OK;

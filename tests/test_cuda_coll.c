@@ -655,6 +655,105 @@ static void *thread_main(void *p)
     return NULL;
 }
 
+/* Two groups, ranks as threads (BRAID_DEVCOLL=1): rank 0 issues an f32
+ * all-reduce on group 0 and then an f64 one on group 1, rank 1 the other
+ * way round, each on a stream of its own and with work handles, so both
+ * return at once; every group still sees one order. Rank 1's first kernel
+ * is a kernel the process has not launched yet while rank 0's spins for
+ * it: under lazy loading that launch would wait for the spinning kernel,
+ * unless braid loaded every device-collective kernel beforehand. */
+typedef struct {
+    int rank;
+    braid_unique_id_t id[2];
+    int failed;
+} crossed_arg;
+
+static int crossed_rank(crossed_arg *a)
+{
+    enum { N = 1000 };
+    int rank = a->rank; /* for CU() */
+    braid_pg *pg[2] = {NULL, NULL};
+    cudaStream_t s[2];
+    void *d[2];
+    braid_work *w[2];
+    double host[N];
+    CU(cudaSetDevice(0));
+    for (int g = 0; g < 2; g++) {
+        if (braid_pg_init(&pg[g], a->rank, 2, &a->id[g], NULL) != BRAID_OK)
+            HARNESS_FAIL("rank %d: pg_init %d: %s", a->rank, g, braid_last_error());
+        CU(cudaStreamCreateWithFlags(&s[g], cudaStreamNonBlocking));
+        CU(cudaMalloc(&d[g], sizeof(host)));
+    }
+    for (int g = 0; g < 2; g++) { /* group 0: f32, group 1: f64; value rank + g + i % 7 */
+        for (int i = 0; i < N; i++) {
+            if (g == 0)
+                ((float *)host)[i] = (float)(a->rank + g + i % 7);
+            else
+                host[i] = a->rank + g + i % 7;
+        }
+        CU(cudaMemcpy(d[g], host, sizeof(host), cudaMemcpyHostToDevice));
+    }
+    for (int k = 0; k < 2; k++) {
+        int g = a->rank == 0 ? k : 1 - k;
+        if (braid_allreduce(pg[g], d[g], d[g], N, g == 0 ? BRAID_F32 : BRAID_F64, BRAID_SUM, s[g], &w[g]) != BRAID_OK)
+            HARNESS_FAIL("rank %d: device allreduce on group %d: %s", a->rank, g, braid_last_error());
+    }
+    for (int g = 0; g < 2; g++) {
+        CU(cudaStreamSynchronize(s[g]));
+        CU(cudaMemcpy(host, d[g], sizeof(host), cudaMemcpyDeviceToHost));
+        for (int i = 0; i < N; i++) {
+            double got = g == 0 ? (double)((float *)host)[i] : host[i], want = 1 + 2 * (g + i % 7);
+            if (got != want)
+                HARNESS_FAIL("rank %d: group %d element %d = %g, want %g", a->rank, g, i, got, want);
+        }
+        if (braid_wait(w[g], -1) != BRAID_OK)
+            HARNESS_FAIL("rank %d: wait on group %d: %s", a->rank, g, braid_last_error());
+        braid_work_free(w[g]);
+    }
+#ifdef BRAID_CUDA_FAKE
+    if (cuda_fake_devcoll_launches() == 0)
+        HARNESS_FAIL("rank %d: BRAID_DEVCOLL=1 but no device collective kernel ran", a->rank);
+#endif
+    for (int g = 0; g < 2; g++) {
+        CU(cudaStreamDestroy(s[g]));
+        CU(cudaFree(d[g]));
+        if (braid_pg_destroy(pg[g]) != BRAID_OK)
+            HARNESS_FAIL("rank %d: pg_destroy %d: %s", a->rank, g, braid_last_error());
+    }
+    return 0;
+}
+
+static void *crossed_main(void *p)
+{
+    crossed_arg *a = p;
+    a->failed = crossed_rank(a);
+    return NULL;
+}
+
+static int crossed_body(braid_pg *pg, void *arg)
+{
+    (void)arg;
+    if (pick_device(braid_pg_rank(pg)))
+        return 1;
+    crossed_arg a[2];
+    pthread_t t[2];
+    braid_unique_id_t id[2];
+    for (int g = 0; g < 2; g++)
+        if (braid_unique_id(&id[g]) != BRAID_OK)
+            HARNESS_FAIL("unique_id: %s", braid_last_error());
+    for (int r = 0; r < 2; r++) {
+        a[r] = (crossed_arg){.rank = r, .id = {id[0], id[1]}};
+        if (pthread_create(&t[r], NULL, crossed_main, &a[r]) != 0)
+            HARNESS_FAIL("cannot start rank thread %d", r);
+    }
+    int failed = 0;
+    for (int r = 0; r < 2; r++) {
+        pthread_join(t[r], NULL);
+        failed |= a[r].failed;
+    }
+    return failed;
+}
+
 /* Runs in one forked process (the harness's rank 0 of 1, for its time
  * limit); its own group is THR_RANKS threads. */
 static int threads_body(braid_pg *pg, void *arg)
@@ -767,6 +866,8 @@ START_TEST(queue_3) { run_ranks(3, queue_body, 300); }
 END_TEST
 START_TEST(threads_2) { run_ranks(1, threads_body, 120); }
 END_TEST
+START_TEST(crossed_2) { run_ranks(1, crossed_body, 120); }
+END_TEST
 START_TEST(group_2) { run_ranks(2, group_body, 120); }
 END_TEST
 START_TEST(abort_2) { run_ranks(2, abort_body, 120); }
@@ -853,6 +954,10 @@ int main(void)
         tc = tcase_create("devcoll_idle_3");
         tcase_set_timeout(tc, 600);
         tcase_add_test(tc, devcoll_idle_3);
+        suite_add_tcase(s, tc);
+        tc = tcase_create("crossed_2");
+        tcase_set_timeout(tc, 600);
+        tcase_add_test(tc, crossed_2);
         suite_add_tcase(s, tc);
     }
     SRunner *sr = srunner_create(s);
