@@ -56,6 +56,10 @@ struct braid_devcoll_group {
     pthread_t watch;
     int watching;
     atomic_int dead_rank; /* -1 until the watchdog saw a peer exit */
+    int exported;         /* peers may have mapped region: free it only once they let go */
+    int peers_let_go;     /* every peer closed its mapping of region (braid__devcoll_detach) */
+    atomic_int detaching;
+    int one_process;      /* every rank is a thread of this process */
 };
 
 static size_t region_bytes(void)
@@ -79,13 +83,26 @@ static void watch_stop(struct braid_devcoll_group *g)
         close(g->stop_fd);
 }
 
+static void close_peers(struct braid_devcoll_group *g)
+{
+    for (int p = 0; p < BRAID_DEVCOLL_MAX_RANKS; p++)
+        if (g->opened[p]) {
+            if (cudaIpcCloseMemHandle(g->peer[p]) != cudaSuccess)
+                (void)cudaGetLastError();
+            g->opened[p] = 0;
+        }
+}
+
+/* A region peers may still map is left to the process rather than freed
+ * under their kernels (CUDA leaves that undefined). */
 static void group_free(struct braid_devcoll_group *g)
 {
     watch_stop(g);
-    for (int p = 0; p < BRAID_DEVCOLL_MAX_RANKS; p++)
-        if (g->opened[p] && cudaIpcCloseMemHandle(g->peer[p]) != cudaSuccess)
-            (void)cudaGetLastError();
-    if (g->region && cudaFree(g->region) != cudaSuccess)
+    close_peers(g);
+    if (g->region && g->exported && !g->peers_let_go)
+        BRAID_WARN("device collectives: leaving a %zu-byte region allocated: not every peer said it let go of it",
+                   region_bytes());
+    else if (g->region && cudaFree(g->region) != cudaSuccess)
         (void)cudaGetLastError();
     if (g->flags_host && cudaFreeHost(g->flags_host) != cudaSuccess)
         (void)cudaGetLastError();
@@ -108,6 +125,7 @@ static struct braid_devcoll_group *region_make(braid_pg *pg, int device)
         g->pidfd[p] = -1;
     g->stop_fd = -1;
     atomic_init(&g->dead_rank, -1);
+    atomic_init(&g->detaching, 0);
     g->device = device;
     cudaError_t err = cudaMalloc((void **)&g->region, region_bytes());
     if (err == cudaSuccess) /* counters start at zero */
@@ -248,7 +266,8 @@ static int group_blocks(const region_record *recs, int n)
  * while the group forms, or with host collectives at its first device call. */
 typedef struct {
     braid_status (*gather)(braid_pg *pg, const region_record *mine, region_record *recs);
-    braid_status (*all_ok)(braid_pg *pg, int ok, int *all);
+    /* step names the round ("ok", "closed"): each is a fresh exchange */
+    braid_status (*all_ok)(braid_pg *pg, const char *step, int ok, int *all);
 } swap_ops;
 
 static braid_status store_gather(braid_pg *pg, const region_record *mine, region_record *recs)
@@ -267,16 +286,16 @@ static braid_status store_gather(braid_pg *pg, const region_record *mine, region
     return BRAID_OK;
 }
 
-static braid_status store_all_ok(braid_pg *pg, int ok, int *all)
+static braid_status store_all_ok(braid_pg *pg, const char *step, int ok, int *all)
 {
     char key[64];
     uint32_t v = (uint32_t)ok, got;
     size_t len;
-    snprintf(key, sizeof(key), "dcoll_ok/%d", pg->rank);
+    snprintf(key, sizeof(key), "dcoll_%s/%d", step, pg->rank);
     BRAID_CHECK(braid__store_set(pg->store, key, &v, sizeof(v)));
     *all = 1;
     for (int p = 0; p < pg->size; p++) {
-        snprintf(key, sizeof(key), "dcoll_ok/%d", p);
+        snprintf(key, sizeof(key), "dcoll_%s/%d", step, p);
         BRAID_CHECK(braid__store_get(pg->store, key, &got, sizeof(got), &len, pg->timeout_ms));
         if (len != sizeof(got))
             return braid__error(BRAID_ERR_PEER, "rank %d: rank %d published a malformed device region answer",
@@ -293,8 +312,9 @@ static braid_status coll_gather(braid_pg *pg, const region_record *mine, region_
     return braid_allgather(pg, mine, recs, sizeof(*mine), BRAID_U8, NULL, NULL);
 }
 
-static braid_status coll_all_ok(braid_pg *pg, int ok, int *all)
+static braid_status coll_all_ok(braid_pg *pg, const char *step, int ok, int *all)
 {
+    (void)step; /* collectives are matched by their order */
     int32_t mine = ok, min = 0;
     BRAID_CHECK(braid_allreduce(pg, &mine, &min, 1, BRAID_I32, BRAID_MIN, NULL, NULL));
     *all = min == 1;
@@ -318,18 +338,32 @@ static braid_status decide(braid_pg *pg, const swap_ops *swap, const region_reco
         else
             ok = map_peer(pg, g, p, &recs[p]);
     }
+    if (g)
+        g->exported = 1; /* from here some peer may have mapped it */
     int all_ok = 0;
-    braid_status st = swap->all_ok(pg, ok, &all_ok);
+    braid_status st = swap->all_ok(pg, "ok", ok, &all_ok);
     pg->devcoll_agreed = 1;
     if (st != BRAID_OK || !all_ok) {
+        /* Off: every rank closes what it mapped, and frees its own region
+         * only once every rank has. */
+        int all_closed = 0;
         if (g)
+            close_peers(g);
+        if (st == BRAID_OK)
+            st = swap->all_ok(pg, "closed", 1, &all_closed);
+        if (g) {
+            g->peers_let_go = all_closed;
             group_free(g);
+        }
         pg->devcoll = NULL;
         if (st == BRAID_OK)
             BRAID_INFO("rank %d: device collectives off: not every rank has a mapped region", pg->rank);
         return st;
     }
     g->peer[pg->rank] = g->region;
+    g->one_process = 1;
+    for (int p = 0; p < pg->size; p++)
+        g->one_process &= recs[p].pid == g->mine.pid;
     g->max_blocks = group_blocks(recs, pg->size);
     watch_start(pg, g, recs);
     g->ready = 1;
@@ -400,6 +434,37 @@ braid_status braid__devcoll_agree(braid_pg *pg, int device)
         return st;
     }
     return decide(pg, &by_collectives, recs);
+}
+
+static int group_faulted(struct braid_devcoll_group *g);
+
+/* How long braid_pg_destroy waits for the peers to let go of the regions. */
+#define DETACH_MS 10000
+
+void braid__devcoll_detach(braid_pg *pg)
+{
+    struct braid_devcoll_group *g = pg->devcoll;
+    if (!g || !g->ready || atomic_exchange(&g->detaching, 1))
+        return;
+    close_peers(g);
+    if (g->one_process) {
+        /* Ranks as threads: the program orders its threads' last calls
+         * before any destroy (docs/CUDA.md), and one thread may destroy
+         * all of them in turn, which a meeting would stall. */
+        g->peers_let_go = 1;
+        return;
+    }
+    if (braid_pg_error(pg) != BRAID_OK || group_faulted(g))
+        return; /* broken: the peers may never come; the region is left allocated */
+    int32_t one = 1, sum = 0;
+    braid_work *w = NULL;
+    if (braid_allreduce(pg, &one, &sum, 1, BRAID_I32, BRAID_SUM, NULL, &w) == BRAID_OK)
+        g->peers_let_go = braid_wait(w, DETACH_MS) == BRAID_OK && sum == pg->size;
+    braid_work_free(w); /* still pending after the wait: the destroy's abort ends it */
+    if (!g->peers_let_go)
+        BRAID_INFO("rank %d: device collectives: the peers did not all reach braid_pg_destroy within %d ms", pg->rank,
+                   DETACH_MS);
+    braid__error_clear();
 }
 
 void braid__devcoll_abort(braid_pg *pg)

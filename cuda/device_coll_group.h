@@ -53,6 +53,16 @@ braid_status braid__devcoll_run(braid_pg *pg, const braid_coll *coll, void *stre
  * text (the same words a later call fails with); else 0. Any thread. */
 int braid__devcoll_fault(braid_pg *pg, char *text, size_t cap);
 
+/* First thing in braid_pg_destroy, while the group still works: close
+ * this rank's mappings of the peers' regions and, where ranks live in more
+ * than one process, meet the peers (a host all-reduce, at most 10 s), so
+ * that each rank frees its own region only once no peer maps it (a peer's
+ * kernel may read it until its last call ends). A group that failed, or
+ * peers that do not come, leave the region allocated rather than freed
+ * under them. Ranks that are all threads of one process do not meet: the
+ * program finishes every rank's calls before destroying any. */
+void braid__devcoll_detach(braid_pg *pg);
+
 /* Make every waiting kernel of the group give up (abort, peer failure):
  * one store to host memory, safe in a signal handler. */
 void braid__devcoll_abort(braid_pg *pg);

@@ -13,6 +13,11 @@ braid_status braid__devcoll_exchange(braid_pg *pg)
     return BRAID_OK;
 }
 
+void braid__devcoll_detach(braid_pg *pg)
+{
+    (void)pg;
+}
+
 braid_status braid__devcoll_agree(braid_pg *pg, int device)
 {
     (void)pg;

@@ -146,14 +146,22 @@ braid_status braid__devlink_settle(braid_pg *pg, int peer, int *settled, int *us
     return BRAID_OK;
 }
 
+/* In increasing peer rank on every rank: closing a link waits for its
+ * peer to close it too (cuda_ipc frees its ring only then), and that order
+ * never has two ranks each waiting for the other's later link. */
 void braid__devlink_close(braid_pg *pg)
 {
     struct braid_devlinks *d = pg->devlinks;
-    for (int i = 0; d && i < d->npeers; i++)
-        if (d->conn[i]) {
-            d->conn[i]->ops->close(d->conn[i]);
-            d->conn[i] = NULL;
-        }
+    for (;;) {
+        int next = -1;
+        for (int i = 0; d && i < d->npeers; i++)
+            if (d->conn[i] && (next < 0 || d->conn[i]->peer < d->conn[next]->peer))
+                next = i;
+        if (next < 0)
+            return;
+        d->conn[next]->ops->close(d->conn[next]);
+        d->conn[next] = NULL;
+    }
 }
 
 void braid__devlink_release(braid_pg *pg)

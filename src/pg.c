@@ -240,6 +240,8 @@ BRAID_API braid_status braid_pg_destroy(braid_pg *pg)
 {
     if (!pg)
         return BRAID_OK;
+    if (braid__pg_check_handle_quiet(pg) == BRAID_OK)
+        braid__devcoll_detach(pg); /* while the group still works: the peers let go of its region */
     /* One destroy wins the magic word; a concurrent second one touches
      * nothing else (not even the wake-up fd, which the winner closes). */
     uint64_t live = BRAID_PG_MAGIC_LIVE;

@@ -214,8 +214,22 @@ static void handle_put(char out[64], int fd, size_t size)
     memcpy(out, &h, sizeof(h));
 }
 
-/* Map another process's memfd named by a handle. */
-static void *handle_map(const char in[64], size_t *size)
+/* Device memory (cudaMalloc) keeps, past its n bytes, a count of the other
+ * processes that mapped it through an IPC handle and have not closed it:
+ * CUDA leaves a cudaFree of such memory undefined, the stand-in aborts. */
+static size_t with_count(size_t n)
+{
+    return (n + 63) / 64 * 64 + 64;
+}
+
+static _Atomic int *importers(char *m, size_t n)
+{
+    return (_Atomic int *)(m + (n + 63) / 64 * 64);
+}
+
+/* Map another process's memfd named by a handle (device memory: with its
+ * importers' count, which the caller takes part in). */
+static void *handle_map(const char in[64], size_t *size, int counted)
 {
     fake_ipc_handle h;
     memcpy(&h, in, sizeof(h));
@@ -226,7 +240,7 @@ static void *handle_map(const char in[64], size_t *size)
     int fd = open(path, O_RDWR | O_CLOEXEC);
     if (fd < 0)
         return NULL;
-    void *p = mmap(NULL, h.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void *p = mmap(NULL, counted ? with_count(h.size) : h.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (p == MAP_FAILED)
         return NULL;
@@ -551,12 +565,13 @@ cudaError_t cudaMalloc(void **p, size_t n)
     fake_alloc *f = malloc(sizeof(*f));
     int fd = -1;
     size_t len = n ? n : 1;
-    char *m = f ? shared_map(len, &fd) : NULL;
+    char *m = f ? shared_map(with_count(len), &fd) : NULL;
     if (!m) {
         free(f);
         return cudaErrorMemoryAllocation;
     }
     memset(m, 0xEE, len); /* device memory starts as garbage */
+    atomic_store(importers(m, len), 0);
     alloc_add(m, len, fd, f);
     *p = m;
     return cudaSuccess;
@@ -576,7 +591,13 @@ cudaError_t cudaFree(void *p)
         alloc_add(f->p, f->n, f->fd, f);
         return cudaErrorInvalidValue;
     }
-    munmap(f->p, f->n);
+    int mapped = atomic_load(importers(f->p, f->n));
+    if (mapped) {
+        fprintf(stderr, "cuda fake: cudaFree(%p) while %d other process(es) still map it (cudaIpcOpenMemHandle "
+                        "without cudaIpcCloseMemHandle): their kernels may still read it\n", p, mapped);
+        abort();
+    }
+    munmap(f->p, with_count(f->n));
     close(f->fd);
     free(f);
     return cudaSuccess;
@@ -617,11 +638,12 @@ cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned flags)
         return cudaErrorInvalidContext;
     fake_alloc *f = malloc(sizeof(*f));
     size_t n = 0;
-    char *m = f ? handle_map(h.reserved, &n) : NULL;
+    char *m = f ? handle_map(h.reserved, &n, 1) : NULL;
     if (!m) {
         free(f);
         return cudaErrorMapBufferObjectFailed;
     }
+    atomic_fetch_add(importers(m, n), 1);
     alloc_add(m, n, -1, f);
     *p = m;
     return cudaSuccess;
@@ -638,7 +660,8 @@ cudaError_t cudaIpcCloseMemHandle(void *p)
         alloc_add(f->p, f->n, f->fd, f);
         return cudaErrorInvalidValue;
     }
-    munmap(f->p, f->n);
+    atomic_fetch_sub(importers(f->p, f->n), 1);
+    munmap(f->p, with_count(f->n));
     free(f);
     return cudaSuccess;
 }
@@ -928,7 +951,7 @@ cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *e, cudaIpcEventHandle_t h)
     if (own_handle(h.reserved))
         return cudaErrorInvalidContext;
     size_t n = 0;
-    fake_counters *c = handle_map(h.reserved, &n);
+    fake_counters *c = handle_map(h.reserved, &n, 0);
     if (!c)
         return cudaErrorInvalidResourceHandle;
     struct fake_event *ev = n == sizeof(*c) ? calloc(1, sizeof(*ev)) : NULL;

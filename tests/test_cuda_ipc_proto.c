@@ -145,6 +145,26 @@ START_TEST(ctrl_verdict)
 }
 END_TEST
 
+/* BYE: "I no longer map your ring"; decodes on a side with no slots too,
+ * and carries nothing else. */
+START_TEST(ctrl_bye)
+{
+    uint8_t w[BRAID_IPC_CTRL_BYTES];
+    char why[128];
+    braid_ipc_ctrl m = {.kind = BRAID_IPC_BYE}, d;
+    braid__ipc_ctrl_encode(&m, w);
+    ck_assert_int_eq(braid__ipc_ctrl_decode(w, 0, 0, &d, why, sizeof(why)), BRAID_OK);
+    ck_assert(d.kind == BRAID_IPC_BYE && d.len == 0 && d.slot == 0 && !d.last);
+    braid_ipc_ctrl bad[] = {{.kind = BRAID_IPC_BYE, .len = 1}, {.kind = BRAID_IPC_BYE, .slot = 1},
+                            {.kind = BRAID_IPC_BYE, .last = 1}};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        braid__ipc_ctrl_encode(&bad[i], w);
+        ck_assert_int_eq(braid__ipc_ctrl_decode(w, 4, 4096, &d, why, sizeof(why)), BRAID_ERR_PEER);
+        ck_assert_msg(strstr(why, "bye"), "why = '%s'", why);
+    }
+}
+END_TEST
+
 START_TEST(ctrl_roundtrip_and_rejects)
 {
     uint8_t w[BRAID_IPC_CTRL_BYTES];
@@ -302,6 +322,7 @@ int main(void)
     tcase_add_test(tc, setup_rejects);
     tcase_add_test(tc, setup_unusable_side);
     tcase_add_test(tc, ctrl_verdict);
+    tcase_add_test(tc, ctrl_bye);
     tcase_add_test(tc, ctrl_roundtrip_and_rejects);
     tcase_add_test(tc, window_accounting);
     tcase_add_test(tc, window_simulation);

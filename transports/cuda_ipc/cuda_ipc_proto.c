@@ -112,8 +112,14 @@ braid_status braid__ipc_ctrl_decode(const uint8_t in[BRAID_IPC_CTRL_BYTES], uint
     uint32_t word = get32(in);
     braid_ipc_ctrl d = {.kind = (braid_ipc_ctrl_kind)(word & 0xffff), .slot = get32(in + 4), .last = (word >> 16) == 1,
                         .len = get64(in + 8)};
-    if (d.kind != BRAID_IPC_DATA && d.kind != BRAID_IPC_CREDIT && d.kind != BRAID_IPC_VERDICT)
+    if (d.kind != BRAID_IPC_DATA && d.kind != BRAID_IPC_CREDIT && d.kind != BRAID_IPC_VERDICT && d.kind != BRAID_IPC_BYE)
         return bad(why, why_len, "cuda_ipc control message of unknown kind");
+    if (d.kind == BRAID_IPC_BYE) {
+        if ((word >> 16) != 0 || d.slot != 0 || d.len != 0)
+            return bad(why, why_len, "cuda_ipc bye message is malformed");
+        *c = d;
+        return BRAID_OK;
+    }
     if (d.kind == BRAID_IPC_VERDICT) {
         if ((word >> 16) != 0 || d.slot != 0 || d.len > 1)
             return bad(why, why_len, "cuda_ipc verdict message is malformed");

@@ -60,7 +60,9 @@ void braid__ipc_setup_encode(const braid_ipc_setup *s, uint8_t out[BRAID_IPC_SET
 braid_status braid__ipc_setup_decode(const uint8_t in[BRAID_IPC_SETUP_BYTES], braid_ipc_setup *s, char *why,
                                      size_t why_len);
 
-typedef enum { BRAID_IPC_DATA = 1, BRAID_IPC_CREDIT = 2, BRAID_IPC_VERDICT = 3 } braid_ipc_ctrl_kind;
+/* BYE (at close): the sender no longer maps the receiver's ring, which may
+ * now be freed (slot 0, len 0). */
+typedef enum { BRAID_IPC_DATA = 1, BRAID_IPC_CREDIT = 2, BRAID_IPC_VERDICT = 3, BRAID_IPC_BYE = 4 } braid_ipc_ctrl_kind;
 
 typedef struct {
     braid_ipc_ctrl_kind kind;

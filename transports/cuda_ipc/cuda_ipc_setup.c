@@ -120,6 +120,45 @@ static int stream_drained(ipc_conn *c)
     }
 }
 
+/* Tell the peer we no longer map its ring, then wait (DRAIN_MS at most)
+ * until it says the same of ours, or its connection ends (a peer closes
+ * only after its own BYE, or dies, which unmaps too). Returns 1 when our
+ * ring may be freed. Links close in peer order on every rank, so two
+ * ranks never wait for each other's later link. */
+static int peer_let_go(ipc_conn *c)
+{
+    int64_t deadline = braid__now_ms() + DRAIN_MS;
+    braid_ipc_ctrl bye = {.kind = BRAID_IPC_BYE};
+    int sent = 0;
+    while (!sent && braid__now_ms() <= deadline)
+        if (braid__cuda_ipc_ctrl_send(c, &bye, &sent) != BRAID_OK)
+            return 1; /* the connection is gone: so is the peer's side of it */
+    if (c->peer_verdict == 0 || !c->ring)
+        return 1; /* the peer said no: it never mapped our ring */
+    while (braid__now_ms() <= deadline) {
+        if (!c->rx_posted) {
+            memset(&c->rx, 0, sizeof(c->rx));
+            if (c->tcp->ops->irecv(c->tcp, &c->rx, c->rx_buf, BRAID_IPC_CTRL_BYTES) != BRAID_OK)
+                return 1;
+            c->rx_posted = 1;
+        }
+        int done = 0;
+        if (c->tcp->ops->test(&c->rx, &done) != BRAID_OK)
+            return 1;
+        if (!done) {
+            usleep(200);
+            continue;
+        }
+        c->rx_posted = 0;
+        braid_ipc_ctrl m;
+        if (braid__ipc_ctrl_decode(c->rx_buf, c->nslots, c->slot_bytes, &m, NULL, 0) != BRAID_OK)
+            return 0; /* not a peer we understand: keep the ring */
+        if (m.kind == BRAID_IPC_BYE || (m.kind == BRAID_IPC_VERDICT && m.len == 0))
+            return 1;
+    }
+    return 0;
+}
+
 void braid__cuda_ipc_conn_free(ipc_conn *c)
 {
     if (c->stream && !stream_drained(c)) {
@@ -143,7 +182,11 @@ void braid__cuda_ipc_conn_free(ipc_conn *c)
         if (c->peer_wrote[k])
             (void)cudaEventDestroy(c->peer_wrote[k]);
     }
-    if (c->ring)
+    /* Our ring may still be mapped by the peer: free it only once it let go. */
+    if (c->ring && c->started && c->tcp && !peer_let_go(c))
+        BRAID_WARN("rank %d: cuda_ipc peer %d did not release this link's ring within %d ms; leaving it allocated",
+                   c->rank, c->base.peer, DRAIN_MS);
+    else if (c->ring)
         (void)cudaFree(c->ring);
     if (c->stream)
         (void)cudaStreamDestroy(c->stream);
