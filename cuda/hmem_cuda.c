@@ -73,9 +73,12 @@ static const char *cause_text(void)
     return why;
 }
 
-int braid__mem_is_device(const void *p)
+braid_mem braid__mem_of(const void *p)
 {
-    return braid__cuda_ptr_kind(p, NULL) != BRAID_CUDA_PTR_HOST;
+    int device = -1;
+    if (braid__cuda_ptr_kind(p, &device) == BRAID_CUDA_PTR_HOST)
+        return (braid_mem){0, 0};
+    return (braid_mem){1, device};
 }
 
 /* ---- the job and its gate ----------------------------------------------- */
@@ -274,21 +277,17 @@ static braid_status state_get(braid_pg *pg, int device, const char *op)
 
 /* ---- submission (caller's thread) ------------------------------------------ */
 
-/* 1 when send or recv is device (or managed) memory, with *device its
- * device and *both set when both are; 0 for host buffers; -1 when they
- * are on different devices. */
+/* From the call record (classified at the entry): 1 when send or recv is
+ * device (or managed) memory, with *device its device and *both set when
+ * both are; 0 for host buffers; -1 when they are on different devices. */
 static int buffer_device(const braid_coll *c, int *device, int *both)
 {
-    int d1 = -1, d2 = -1;
-    braid_cuda_ptr_kind k1 = braid__cuda_ptr_kind(c->send, &d1);
-    braid_cuda_ptr_kind k2 = c->recv == c->send ? k1 : braid__cuda_ptr_kind(c->recv, &d2);
-    if (c->recv == c->send)
-        d2 = d1;
-    *both = k1 != BRAID_CUDA_PTR_HOST && k2 != BRAID_CUDA_PTR_HOST;
-    if (k1 == BRAID_CUDA_PTR_HOST && k2 == BRAID_CUDA_PTR_HOST)
+    const braid_mem *s = &c->send_mem, *r = &c->recv_mem;
+    *both = s->device_mem && r->device_mem;
+    if (!s->device_mem && !r->device_mem)
         return 0;
-    *device = k1 != BRAID_CUDA_PTR_HOST ? d1 : d2;
-    if (*both && d1 != d2)
+    *device = s->device_mem ? s->device : r->device;
+    if (*both && s->device != r->device)
         return -1; /* send and recv on different devices */
     return 1;
 }

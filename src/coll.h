@@ -24,6 +24,14 @@ typedef enum {
     BRAID_COLL_SCATTER,
 } braid_coll_kind;
 
+/* Where a buffer lives, decided once per buffer at a call's entry by the
+ * one classifier (braid__mem_of, src/hmem.h) and carried in the call
+ * record. Zero is host memory. */
+typedef struct {
+    int device_mem; /* 1: CUDA device or managed memory */
+    int device;     /* its device ordinal (device_mem only) */
+} braid_mem;
+
 /* One collective call, as the algorithms see it. */
 typedef struct braid_coll {
     braid_coll_kind kind;
@@ -43,6 +51,7 @@ typedef struct braid_coll {
     int premul;                  /* MULSUM: send is still to be multiplied by scalar (src/mulsum.c) */
     unsigned char scalar[8];     /* MULSUM: this rank's scalar, one element of dtype */
     const char *refused; /* set: this rank refused the call, for this reason; tell the peers (src/refuse.h) */
+    braid_mem send_mem, recv_mem; /* ALLREDUCE, BROADCAST: set at the entry (count > 0) */
 } braid_coll;
 
 #endif

@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include "braid.h"
+#include "coll.h"
 
 /* 1 when [a, a+alen) and [b, b+blen) share a byte. */
 int braid__overlap(const void *a, size_t alen, const void *b, size_t blen);
@@ -28,10 +29,20 @@ braid_status braid__check_ptr(const braid_pg *pg, const char *name, const char *
 braid_status braid__check_op(const braid_pg *pg, const char *name, braid_op op, const void *scalar);
 
 /* The all-reduce entry point behind braid_allreduce and
- * braid_allreduce_mulsum (pg.c); name is the public call's. */
+ * braid_allreduce_mulsum (pg.c); name is the public call's. mem: send's
+ * and recv's memory as the caller's entry classified it (braid__mem_of),
+ * or NULL to classify here. */
 braid_status braid__allreduce_submit(braid_pg *pg, const char *name, const void *send, void *recv, size_t count,
-                                     braid_dtype dtype, braid_op op, const void *scalar, void *cuda_stream,
-                                     braid_work **work);
+                                     braid_dtype dtype, braid_op op, const void *scalar, const braid_mem *mem,
+                                     void *cuda_stream, braid_work **work);
+
+/* braid_allreduce and braid_broadcast for an entry that classified the
+ * buffers already (mem[0] send, mem[1] recv; the NCCL shim): nothing
+ * classifies them again. NULL mem: the public calls. */
+braid_status braid__allreduce_classified(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
+                                         braid_op op, const braid_mem *mem, void *cuda_stream, braid_work **work);
+braid_status braid__broadcast_classified(braid_pg *pg, void *buf, size_t count, braid_dtype dtype, int root,
+                                         const braid_mem *mem, void *cuda_stream, braid_work **work);
 
 /* braid_reduce and braid_reduce_scatter with an optional MULSUM scalar
  * (coll_reduce.c). */

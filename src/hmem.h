@@ -18,14 +18,27 @@
  * rank must use the same value, hence a constant. */
 #define BRAID_HMEM_PIECE_BYTES (4u << 20)
 
-/* 1 when p is CUDA device (or managed) memory, else 0. Always 0 when CUDA
- * is not built or no device is usable. */
-int braid__mem_is_device(const void *p);
+/* The one memory classifier: device_mem = 1 for CUDA device memory and for
+ * managed memory (both are what a CUDA program passes as "device
+ * buffers"; managed memory is also host-visible, but braid orders it on
+ * streams like device memory), with device its ordinal; zero for host
+ * memory, for memory CUDA does not know, and always where CUDA is not
+ * built, no device is usable or no CUDA context exists yet (then it makes
+ * no CUDA call: docs/CUDA.md). A call classifies each buffer once, at its
+ * entry, and carries the answer in its record (braid_coll.send_mem,
+ * recv_mem; nccl_op's too). */
+braid_mem braid__mem_of(const void *p);
 
-/* Entry point for allreduce and broadcast (pg.c), after argument checks:
- * host buffers with no stream go straight to braid__work_submit(); device
- * buffers get a staging job ordered after the work already on cuda_stream
- * (and, for work != NULL, cuda_stream is made to wait for the result). */
+static inline int braid__mem_is_device(const void *p)
+{
+    return braid__mem_of(p).device_mem;
+}
+
+/* Entry point for allreduce and broadcast (pg.c), after argument checks,
+ * with coll->send_mem and recv_mem set: host buffers with no stream go
+ * straight to braid__work_submit(); device buffers get a staging job
+ * ordered after the work already on cuda_stream (and, for work != NULL,
+ * cuda_stream is made to wait for the result). */
 braid_status braid__hmem_submit(braid_pg *pg, const braid_coll *coll, void *cuda_stream, braid_work **work);
 
 /* Run a staging job (coll->hmem != NULL) on the executor: the device ring

@@ -76,11 +76,16 @@ static braid_status allreduce_checked(braid_pg *pg, const void *send, void *recv
 {
     const char *name = "allreduce_mulsum";
     BRAID_CHECK(check_scalar(pg, name, scalar));
-    if (count > 0 && ((send && braid__mem_is_device(send)) || (recv && braid__mem_is_device(recv))))
+    braid_mem mem[2] = {{0, 0}, {0, 0}};
+    if (count > 0) {
+        mem[0] = send ? braid__mem_of(send) : mem[0];
+        mem[1] = !recv ? mem[1] : (const void *)recv == send ? mem[0] : braid__mem_of(recv);
+    }
+    if (mem[0].device_mem || mem[1].device_mem)
         return braid__error(BRAID_ERR_UNSUPPORTED,
                             "rank %d: %s: CUDA device buffers are not supported yet: copy them to host memory",
                             pg->rank, name);
-    return braid__allreduce_submit(pg, name, send, recv, count, dtype, BRAID_MULSUM, scalar, cuda_stream, work);
+    return braid__allreduce_submit(pg, name, send, recv, count, dtype, BRAID_MULSUM, scalar, mem, cuda_stream, work);
 }
 
 BRAID_API braid_status braid_allreduce_mulsum(braid_pg *pg, const void *send, void *recv, size_t count,

@@ -309,14 +309,23 @@ static braid_status check_buffer_args(braid_pg *pg, const char *op, const void *
 }
 
 static braid_status allreduce_checked(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
-                                      braid_op op, void *cuda_stream, braid_work **work)
+                                      braid_op op, const braid_mem *mem, void *cuda_stream, braid_work **work)
 {
-    return braid__allreduce_submit(pg, "allreduce", send, recv, count, dtype, op, NULL, cuda_stream, work);
+    return braid__allreduce_submit(pg, "allreduce", send, recv, count, dtype, op, NULL, mem, cuda_stream, work);
+}
+
+/* The buffers' memory, classified here unless the caller's entry did. */
+static void classify(braid_coll *c, const braid_mem *mem)
+{
+    if (c->count == 0)
+        return;
+    c->send_mem = mem ? mem[0] : braid__mem_of(c->send);
+    c->recv_mem = mem ? mem[1] : (const void *)c->recv == c->send ? c->send_mem : braid__mem_of(c->recv);
 }
 
 braid_status braid__allreduce_submit(braid_pg *pg, const char *name, const void *send, void *recv, size_t count,
-                                     braid_dtype dtype, braid_op op, const void *scalar, void *cuda_stream,
-                                     braid_work **work)
+                                     braid_dtype dtype, braid_op op, const void *scalar, const braid_mem *mem,
+                                     void *cuda_stream, braid_work **work)
 {
     BRAID_CHECK(check_buffer_args(pg, name, send, recv, count, dtype));
     BRAID_CHECK(braid__check_op(pg, name, op, scalar));
@@ -327,12 +336,13 @@ braid_status braid__allreduce_submit(braid_pg *pg, const char *name, const void 
                             pg->rank, name);
     braid_coll c = {.kind = BRAID_COLL_ALLREDUCE, .send = send, .recv = recv, .count = count, .dtype = dtype,
                     .op = op, .root = -1};
+    classify(&c, mem);
     braid__mulsum_arm(&c, scalar);
     return braid__hmem_submit(pg, &c, cuda_stream, work); /* host memory: braid__work_submit */
 }
 
 static braid_status broadcast_checked(braid_pg *pg, void *buf, size_t count, braid_dtype dtype, int root,
-                                      void *cuda_stream, braid_work **work)
+                                      const braid_mem *mem, void *cuda_stream, braid_work **work)
 {
     BRAID_CHECK(check_buffer_args(pg, "broadcast", buf, buf, count, dtype));
     if (root < 0 || root >= pg->size)
@@ -340,24 +350,37 @@ static braid_status broadcast_checked(braid_pg *pg, void *buf, size_t count, bra
                             pg->size);
     braid_coll c = {.kind = BRAID_COLL_BROADCAST, .send = buf, .recv = buf, .count = count, .dtype = dtype,
                     .op = BRAID_SUM, .root = root};
+    classify(&c, mem);
     return braid__hmem_submit(pg, &c, cuda_stream, work); /* host memory: braid__work_submit */
 }
 
 /* A call its checks refuse is refused to the peers as well (refuse.h). */
-BRAID_API braid_status braid_allreduce(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
-                                       braid_op op, void *cuda_stream, braid_work **work)
+braid_status braid__allreduce_classified(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
+                                         braid_op op, const braid_mem *mem, void *cuda_stream, braid_work **work)
 {
-    braid_status st = allreduce_checked(pg, send, recv, count, dtype, op, cuda_stream, work);
+    braid_status st = allreduce_checked(pg, send, recv, count, dtype, op, mem, cuda_stream, work);
     braid_coll c = {.kind = BRAID_COLL_ALLREDUCE, .send = send, .recv = recv, .count = count, .dtype = dtype,
                     .op = op, .root = -1};
     return st == BRAID_ERR_INVALID_ARG ? braid__coll_refuse(pg, &c, st) : st;
 }
 
-BRAID_API braid_status braid_broadcast(braid_pg *pg, void *buf, size_t count, braid_dtype dtype, int root,
-                                       void *cuda_stream, braid_work **work)
+braid_status braid__broadcast_classified(braid_pg *pg, void *buf, size_t count, braid_dtype dtype, int root,
+                                         const braid_mem *mem, void *cuda_stream, braid_work **work)
 {
-    braid_status st = broadcast_checked(pg, buf, count, dtype, root, cuda_stream, work);
+    braid_status st = broadcast_checked(pg, buf, count, dtype, root, mem, cuda_stream, work);
     braid_coll c = {.kind = BRAID_COLL_BROADCAST, .send = buf, .recv = buf, .count = count, .dtype = dtype,
                     .op = BRAID_SUM, .root = root};
     return st == BRAID_ERR_INVALID_ARG ? braid__coll_refuse(pg, &c, st) : st;
+}
+
+BRAID_API braid_status braid_allreduce(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
+                                       braid_op op, void *cuda_stream, braid_work **work)
+{
+    return braid__allreduce_classified(pg, send, recv, count, dtype, op, NULL, cuda_stream, work);
+}
+
+BRAID_API braid_status braid_broadcast(braid_pg *pg, void *buf, size_t count, braid_dtype dtype, int root,
+                                       void *cuda_stream, braid_work **work)
+{
+    return braid__broadcast_classified(pg, buf, count, dtype, root, NULL, cuda_stream, work);
 }

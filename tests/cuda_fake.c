@@ -68,6 +68,8 @@ struct fake_stream {
     int blocking;       /* synchronizes with the legacy stream */
     unsigned id;
     uint64_t enq, done; /* ops queued and finished */
+    int capturing;      /* 1 active, 2 invalidated (cudaStreamBeginCapture) */
+    fake_op *captured;  /* recorded while capturing: never run */
     struct fake_stream *next_stream;
 };
 
@@ -395,6 +397,13 @@ static void enqueue(cudaStream_t st, fake_op op)
     o->next = NULL;
     pthread_mutex_lock(&G);
     struct fake_stream *s = resolve_locked(st);
+    if (s->capturing) { /* recorded into the graph, not run */
+        o->after = NULL;
+        o->next = s->captured;
+        s->captured = o;
+        pthread_mutex_unlock(&G);
+        return;
+    }
     /* Legacy-stream implicit synchronization: work on the legacy stream
      * waits for the work queued before it on every blocking stream, and
      * work on a blocking stream for the legacy stream's. */
@@ -416,6 +425,15 @@ static void enqueue(cudaStream_t st, fake_op op)
     s->tail = o;
     pthread_cond_broadcast(&GC);
     pthread_mutex_unlock(&G);
+}
+
+/* Illegal on a capturing stream: fails and invalidates the capture. */
+static int capture_refuses_locked(struct fake_stream *s)
+{
+    if (!s->capturing)
+        return 0;
+    s->capturing = 2;
+    return 1;
 }
 
 static void drain_locked(struct fake_stream *s)
@@ -810,6 +828,15 @@ cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKin
     GUARD();
     CONTEXT();
     (void)k;
+    if (st) { /* pageable host memory cannot be captured */
+        pthread_mutex_lock(&G);
+        struct fake_stream *fs = resolve_locked(st);
+        int pageable = (!is_device_locked(d) && !is_pinned_locked(d)) || (!is_device_locked(s) && !is_pinned_locked(s));
+        int refused = pageable && capture_refuses_locked(fs);
+        pthread_mutex_unlock(&G);
+        if (refused)
+            return cudaErrorStreamCaptureUnsupported;
+    }
     async_copies++;
     count_d2h(d, s, n);
     enqueue(st, (fake_op){.kind = OP_COPY, .dst = d, .src = s, .n = n});
@@ -858,7 +885,12 @@ cudaError_t cudaStreamSynchronize(cudaStream_t st)
         return cudaSuccess;
     }
     pthread_mutex_lock(&G);
-    drain_locked(resolve_locked(st));
+    struct fake_stream *s = resolve_locked(st);
+    if (capture_refuses_locked(s)) {
+        pthread_mutex_unlock(&G);
+        return cudaErrorStreamCaptureUnsupported;
+    }
+    drain_locked(s);
     pthread_mutex_unlock(&G);
     return cudaSuccess;
 }
@@ -867,9 +899,63 @@ cudaError_t cudaStreamQuery(cudaStream_t st)
 {
     GUARD();
     pthread_mutex_lock(&G);
-    int idle = resolve_locked(st)->head == NULL;
+    struct fake_stream *s = resolve_locked(st);
+    if (capture_refuses_locked(s)) {
+        pthread_mutex_unlock(&G);
+        return cudaErrorStreamCaptureUnsupported;
+    }
+    int idle = s->head == NULL;
     pthread_mutex_unlock(&G);
     return idle ? cudaSuccess : cudaErrorNotReady;
+}
+
+struct fake_graph {
+    int nodes;
+};
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t st, enum cudaStreamCaptureMode mode)
+{
+    GUARD();
+    (void)mode;
+    if (!st)
+        return cudaErrorStreamCaptureUnsupported; /* the legacy stream cannot be captured */
+    pthread_mutex_lock(&G);
+    struct fake_stream *s = resolve_locked(st);
+    cudaError_t err = s->capturing ? cudaErrorIllegalState : cudaSuccess;
+    if (!s->capturing)
+        s->capturing = 1;
+    pthread_mutex_unlock(&G);
+    return err;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t st, cudaGraph_t *graph)
+{
+    GUARD();
+    pthread_mutex_lock(&G);
+    struct fake_stream *s = resolve_locked(st);
+    int was = s->capturing, nodes = 0;
+    fake_op *ops = s->captured;
+    s->capturing = 0;
+    s->captured = NULL;
+    pthread_mutex_unlock(&G);
+    for (fake_op *o = ops, *next; o; o = next, nodes++) {
+        next = o->next;
+        free(o);
+    }
+    *graph = NULL;
+    if (was != 1)
+        return was ? cudaErrorStreamCaptureInvalidated : cudaErrorIllegalState;
+    if (!(*graph = malloc(sizeof(**graph))))
+        return cudaErrorMemoryAllocation;
+    (*graph)->nodes = nodes;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph)
+{
+    GUARD();
+    free(graph);
+    return cudaSuccess;
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags)
@@ -886,8 +972,11 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags)
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *c)
 {
     GUARD();
-    (void)s;
-    *c = cudaStreamCaptureStatusNone;
+    pthread_mutex_lock(&G);
+    int capturing = s ? resolve_locked(s)->capturing : 0;
+    pthread_mutex_unlock(&G);
+    *c = capturing == 1 ? cudaStreamCaptureStatusActive
+                        : capturing ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusNone;
     return cudaSuccess;
 }
 

@@ -424,6 +424,57 @@ static int test_mixed(ctx *c)
     return 0;
 }
 
+/* CUDA graph capture: a call on the device worker is refused at the call
+ * (its gate would be baked into the graph and pass at once on replay), and
+ * so is an all-reduce where device collectives are off (braid's staging
+ * cannot be captured). With them on, the all-reduce is captured as one
+ * kernel, and the graph, replayed, gives the sum (on a GPU: the stand-in
+ * records work under capture but does not replay graphs). */
+static int test_capture(ctx *c)
+{
+    if (put(c, c->d0, COUNT, c->rank))
+        return 1;
+    CU(cudaStreamSynchronize(c->s));
+    c->nup = 0;
+    cudaGraph_t g = NULL;
+    CU(cudaStreamBeginCapture(c->s, cudaStreamCaptureModeRelaxed));
+    ncclResult_t gather = ncclAllGather(c->d0, c->d1, COUNT, ncclInt32, c->comm, c->s), reduce = ncclSuccess;
+    int replay = 0;
+#ifndef BRAID_CUDA_FAKE
+    replay = devcoll_mode();
+#endif
+    if (!devcoll_mode() || replay)
+        reduce = ncclAllReduce(c->d0, c->d1, COUNT, ncclInt32, ncclSum, c->comm, c->s);
+    cudaError_t end = cudaStreamEndCapture(c->s, &g);
+    if (gather != ncclInvalidUsage)
+        FAIL("ncclAllGather on a capturing stream returned %s, want ncclInvalidUsage", ncclGetErrorString(gather));
+    if (!devcoll_mode() && reduce == ncclSuccess)
+        FAIL("ncclAllReduce on a capturing stream without device collectives was accepted");
+    if (end != cudaSuccess)
+        FAIL("the capture ended with %s: a refused call touched the stream", cudaGetErrorString(end));
+#ifndef BRAID_CUDA_FAKE
+    if (replay) {
+        if (reduce != ncclSuccess)
+            FAIL("captured ncclAllReduce failed: %s", ncclGetLastError(NULL));
+        cudaGraphExec_t exec;
+        CU(cudaGraphInstantiate(&exec, g, 0));
+        for (int k = 0; k < 2; k++) { /* a replay reuses the region's counters: twice */
+            if (poison(c, c->d1, COUNT))
+                return 1;
+            CU(cudaGraphLaunch(exec, c->s));
+            if (fetch(c, c->d1, COUNT))
+                return 1;
+            for (size_t i = 0; i < COUNT; i++)
+                if (c->h[i] != sum_val(c->n, i))
+                    FAIL("replayed all-reduce %d element %zu is %d, want %d", k, i, c->h[i], sum_val(c->n, i));
+        }
+        CU(cudaGraphExecDestroy(exec));
+    }
+#endif
+    CU(cudaGraphDestroy(g));
+    return 0;
+}
+
 static int rank_main(int rank, int n, ncclUniqueId id)
 {
     g_rank = rank;
@@ -442,7 +493,7 @@ static int rank_main(int rank, int n, ncclUniqueId id)
     CU(cudaMalloc((void **)&c.d1, (size_t)n * COUNT * 4));
     NC(ncclCommInitRank(&c.comm, n, id, rank));
     if (test_allreduce(&c) || test_reduce_broadcast(&c) || test_gather_scatter(&c) || test_send_recv(&c) ||
-        test_mixed(&c))
+        test_mixed(&c) || test_capture(&c))
         return 1;
     NC(ncclCommFinalize(c.comm));
     NC(ncclCommDestroy(c.comm));

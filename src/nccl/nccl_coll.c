@@ -12,6 +12,7 @@
  *
  * Argument errors are returned by the call itself, as in NCCL; what braid
  * cannot do is ncclInvalidUsage. */
+#include "hmem.h"
 #include "nccl_internal.h"
 
 /* Checks every call makes. */
@@ -46,19 +47,20 @@ static ncclResult_t buffers(ncclComm_t comm, nccl_op *op)
         return nccl__fail(ncclInvalidArgument, "%s: sendbuff and recvbuff overlap: all-to-all has no in-place form",
                           op->call);
     ncclResult_t r = ncclSuccess;
-    op->device = 0;
+    op->send_mem = op->recv_mem = (braid_mem){0, 0};
     if (sb) {
         if ((r = nccl__dev_check(op->send, "sendbuff", op->call)) != ncclSuccess)
             return r;
-        op->device |= nccl__dev_is_device(op->send);
+        op->send_mem = braid__mem_of(op->send);
     }
     if (rb && op->recv != op->send) {
         if ((r = nccl__dev_check(op->recv, "recvbuff", op->call)) != ncclSuccess)
             return r;
-        op->device |= nccl__dev_is_device(op->recv);
+        op->recv_mem = braid__mem_of(op->recv);
     } else if (rb) {
-        op->device |= nccl__dev_is_device(op->recv);
+        op->recv_mem = sb ? op->send_mem : braid__mem_of(op->recv); /* in place; send unread here */
     }
+    op->device = op->send_mem.device_mem || op->recv_mem.device_mem;
     return ncclSuccess;
 }
 

@@ -77,11 +77,6 @@ struct nccl_worker {
     char error[512];     /* text of the first failed job */
 };
 
-int nccl__dev_is_device(const void *p)
-{
-    return p && braid__mem_is_device(p); /* braid's one meaning: device or managed memory */
-}
-
 ncclResult_t nccl__dev_check(const void *p, const char *what, const char *call)
 {
     (void)p;
@@ -180,9 +175,9 @@ static ncclResult_t run_job(nccl_worker *w, nccl_job *job)
         const nccl_op *op = &job->ops[i];
         size_t sb = nccl__op_send_bytes(op, comm->rank, comm->nranks);
         size_t rb = nccl__op_recv_bytes(op, comm->rank, comm->nranks);
-        if (sb && nccl__dev_is_device(op->send))
+        if (sb && op->send_mem.device_mem)
             rs[nr++] = (region){(const char *)op->send, (const char *)op->send + sb, NULL, 1};
-        if (rb && nccl__dev_is_device(op->recv))
+        if (rb && op->recv_mem.device_mem)
             rs[nr++] = (region){(const char *)op->recv, (const char *)op->recv + rb, NULL, 0};
     }
     qsort(rs, (size_t)nr, sizeof(*rs), region_order);
@@ -320,17 +315,14 @@ static ncclResult_t worker_get(ncclComm_t comm, int device, const char *call, nc
     return r;
 }
 
-/* The device of the batch's first device buffer. */
-static int batch_device(ncclComm_t comm, const nccl_op *ops, int n)
+/* The device of the batch's first device buffer (as its call classified it). */
+static int batch_device(const nccl_op *ops, int n)
 {
     for (int i = 0; i < n; i++) {
-        const void *p[2] = {nccl__op_send_bytes(&ops[i], comm->rank, comm->nranks) ? ops[i].send : NULL,
-                            nccl__op_recv_bytes(&ops[i], comm->rank, comm->nranks) ? ops[i].recv : NULL};
-        for (int k = 0; k < 2; k++) {
-            int dev = -1;
-            if (p[k] && braid__cuda_ptr_kind(p[k], &dev) != BRAID_CUDA_PTR_HOST)
-                return dev;
-        }
+        if (ops[i].send_mem.device_mem)
+            return ops[i].send_mem.device;
+        if (ops[i].recv_mem.device_mem)
+            return ops[i].recv_mem.device;
     }
     return -1;
 }
@@ -386,7 +378,7 @@ static ncclResult_t refuse_capture(const nccl_op *ops, int n, const char *call)
 ncclResult_t nccl__dev_submit(ncclComm_t comm, const nccl_op *ops, int n)
 {
     const char *call = n == 1 ? ops[0].call : "ncclGroupEnd";
-    int device = batch_device(comm, ops, n);
+    int device = batch_device(ops, n);
     if (device < 0)
         return nccl__fail(ncclInternalError, "%s: no device buffer in a device batch", call);
     if (nccl__engine_takes(ops, n))
@@ -566,7 +558,7 @@ NCCL_API ncclResult_t ncclMemFree(void *ptr)
 {
     if (!ptr)
         return ncclSuccess;
-    if (nccl__dev_is_device(ptr)) {
+    if (braid__mem_is_device(ptr)) {
         cudaError_t err = cudaFree(ptr);
         if (err != cudaSuccess) {
             (void)cudaGetLastError();

@@ -2,6 +2,7 @@
  * path (CUDA build; nccl_dev.c decides which calls come here). */
 #include <cuda_runtime_api.h>
 
+#include "coll_check.h"
 #include "nccl_internal.h"
 
 static ncclResult_t cuda_fail(cudaError_t err, const char *what, const char *call)
@@ -39,14 +40,17 @@ ncclResult_t nccl__engine_submit(ncclComm_t comm, const nccl_op *op, int device)
     braid_status st = BRAID_OK;
     size_t bytes = op->count * braid_dtype_size(op->dtype);
     if (op->kind == NCCL_OP_ALLREDUCE) {
-        st = braid_allreduce(comm->pg, op->send, op->recv, op->count, op->dtype, op->op, op->stream, &w);
+        braid_mem mem[2] = {op->send_mem, op->recv_mem};
+        st = braid__allreduce_classified(comm->pg, op->send, op->recv, op->count, op->dtype, op->op, mem, op->stream,
+                                         &w);
     } else {
         /* braid broadcasts in place: the root's input goes to its output
          * first, on the caller's stream, so braid's call is ordered after it. */
         if (comm->rank == op->root && bytes && (const void *)op->recv != op->send)
             err = cudaMemcpyAsync(op->recv, op->send, bytes, cudaMemcpyDefault, op->stream);
+        braid_mem mem[2] = {op->recv_mem, op->recv_mem}; /* in place on recv */
         if (err == cudaSuccess)
-            st = braid_broadcast(comm->pg, op->recv, op->count, op->dtype, op->root, op->stream, &w);
+            st = braid__broadcast_classified(comm->pg, op->recv, op->count, op->dtype, op->root, mem, op->stream, &w);
     }
     if (cur >= 0 && cur != device)
         (void)cudaSetDevice(cur);

@@ -5,12 +5,6 @@
 
 #include "nccl_internal.h"
 
-int nccl__dev_is_device(const void *p)
-{
-    (void)p;
-    return 0;
-}
-
 ncclResult_t nccl__dev_check(const void *p, const char *what, const char *call)
 {
     return nccl__check_host(p, what, call);

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "braid.h"
+#include "coll.h"
 #include "nccl.h"
 
 #if defined(__GNUC__)
@@ -54,7 +55,8 @@ typedef struct {
     nccl_premul pm;   /* pm.used: op is BRAID_MULSUM with pm.scalar */
     int root;         /* root, or peer of a send/receive */
     cudaStream_t stream;
-    int device;       /* 1: send or recv is CUDA device memory */
+    braid_mem send_mem, recv_mem; /* classified once, at the call (buffers() in nccl_coll.c) */
+    int device;       /* 1: send or recv is CUDA device (or managed) memory */
 } nccl_op;
 
 /* A communicator's device worker (nccl_dev.c). */
@@ -233,10 +235,6 @@ ncclResult_t nccl__exec_start(ncclComm_t comm, nccl_op *ops, int n, braid_work *
 ncclResult_t nccl__exec_finish(braid_work *work, nccl_op *ops, int n);
 
 /* ---- device buffers (nccl_dev.c; nccl_dev_stub.c without CUDA) ---- */
-
-/* 1 when p is CUDA device or managed memory (braid__mem_is_device, the
- * one classifier); 0 for host or unknown memory, and always 0 without CUDA. */
-int nccl__dev_is_device(const void *p);
 
 /* Fail with ncclInvalidUsage when p is device memory this build cannot
  * move (built without CUDA); ncclSuccess otherwise. */

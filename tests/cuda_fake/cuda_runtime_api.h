@@ -34,6 +34,9 @@ typedef enum {
     cudaErrorMemoryAllocation = 2,
     cudaErrorInvalidDevice = 101,
     cudaErrorInvalidResourceHandle = 400,
+    cudaErrorIllegalState = 401,
+    cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorStreamCaptureInvalidated = 901,
     cudaErrorInvalidContext = 201,
     cudaErrorMapBufferObjectFailed = 205,
     cudaErrorNotReady = 600,
@@ -41,6 +44,7 @@ typedef enum {
 
 typedef struct fake_stream *cudaStream_t;
 typedef struct fake_event *cudaEvent_t;
+typedef struct fake_graph *cudaGraph_t;
 typedef void (*cudaHostFn_t)(void *user_data);
 typedef struct { char reserved[64]; } cudaIpcMemHandle_t;
 typedef struct { char reserved[64]; } cudaIpcEventHandle_t;
@@ -51,6 +55,8 @@ enum cudaMemoryType { cudaMemoryTypeUnregistered = 0, cudaMemoryTypeHost, cudaMe
                       cudaMemoryTypeManaged };
 enum cudaStreamCaptureStatus { cudaStreamCaptureStatusNone = 0, cudaStreamCaptureStatusActive,
                                cudaStreamCaptureStatusInvalidated };
+enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal = 0, cudaStreamCaptureModeThreadLocal,
+                             cudaStreamCaptureModeRelaxed };
 enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16, cudaDevAttrIpcEventSupport = 130 };
 
 struct cudaPointerAttributes {
@@ -95,6 +101,13 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s);
 cudaError_t cudaStreamQuery(cudaStream_t s);
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags);
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *c);
+/* Capture records the stream's work instead of running it; the graph is
+ * not replayed here (no cudaGraphLaunch). During a capture, synchronizing
+ * or querying the stream and copies between it and pageable host memory
+ * fail as CUDA's do (cudaErrorStreamCaptureUnsupported) and invalidate it. */
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
 cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *arg);
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);
 cudaError_t cudaEventDestroy(cudaEvent_t e);
