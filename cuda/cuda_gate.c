@@ -73,7 +73,7 @@ braid_status braid__cuda_gate_prepare(void)
     pthread_once(&prepare_once, prepare);
     if (prepare_status != BRAID_OK)
         return braid__error(prepare_status, "%s", prepare_error);
-    return BRAID_OK;
+    return braid__cuda_preload(); /* the current device's kernels: at once when loaded */
 }
 
 braid_status braid__cuda_gate_arm(braid_cuda_gate *g, void *stream)

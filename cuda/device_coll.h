@@ -109,8 +109,8 @@ int braid__devcoll_blocks_for(size_t bytes, int max_blocks);
  *  *a->fault. */
 braid_status braid__cuda_devcoll(const braid_devcoll_args *a, void *stream);
 
-/* Load every device-collective kernel now (once per process; later calls
- * return at once). Under lazy module loading a kernel's first launch may
+/* Load every device-collective kernel now on the current device (once per
+ * device; later calls return at once). Under lazy module loading a kernel's first launch may
  * synchronize the context, which would wait for a peer's kernel that spins
  * until this rank's own launches: call it before any rank of the group can
  * launch one. */

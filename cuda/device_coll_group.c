@@ -19,48 +19,10 @@
 #include "braid_cuda.h"
 #include "device_coll.h"
 #include "device_coll_group.h"
+#include "device_coll_int.h"
 #include "log.h"
 #include "param.h"
 #include "status.h"
-
-/* One block's segment of one slot: the largest chunk a block moves
- * between two barriers. 32 blocks x 2 slots x 256 KiB = 16 MiB a rank. */
-#define SEG_BYTES (256u << 10)
-
-/* What each rank publishes in the store. */
-typedef struct {
-    uint32_t ok; /* 1: a region is made here; 0: none; 2 (at group creation): no CUDA context yet */
-    int32_t pid;
-    int32_t sm_count;
-    uint32_t pad;
-    uint64_t region; /* the region's address in its own process */
-    char bus[32];    /* the device's PCI bus id: ranks that share a GPU share its SMs */
-    cudaIpcMemHandle_t handle;
-} region_record;
-
-struct braid_devcoll_group {
-    int device;
-    int ready;      /* every rank mapped every region */
-    int max_blocks; /* blocks a call may use (group_blocks) */
-    char *region;   /* ours */
-    char *peer[BRAID_DEVCOLL_MAX_RANKS];
-    int opened[BRAID_DEVCOLL_MAX_RANKS]; /* peer[p] came from cudaIpcOpenMemHandle */
-    uint32_t *flags_host;                /* [0]: abort; then the fault record */
-    void *flags_dev;
-    region_record mine;
-    /* The watchdog: a thread that waits on a pidfd per peer process and
-     * sets the abort flag the moment one exits, so a dead peer ends the
-     * kernels at once instead of at their timeout. */
-    int pidfd[BRAID_DEVCOLL_MAX_RANKS]; /* -1: none (a thread of this process, or no pidfd) */
-    int stop_fd;
-    pthread_t watch;
-    int watching;
-    atomic_int dead_rank; /* -1 until the watchdog saw a peer exit */
-    int exported;         /* peers may have mapped region: free it only once they let go */
-    int peers_let_go;     /* every peer closed its mapping of region (braid__devcoll_detach) */
-    atomic_int detaching;
-    int one_process;      /* every rank is a thread of this process */
-};
 
 static size_t region_bytes(void)
 {
@@ -83,7 +45,7 @@ static void watch_stop(struct braid_devcoll_group *g)
         close(g->stop_fd);
 }
 
-static void close_peers(struct braid_devcoll_group *g)
+void braid__devcoll_close_peers(struct braid_devcoll_group *g)
 {
     for (int p = 0; p < BRAID_DEVCOLL_MAX_RANKS; p++)
         if (g->opened[p]) {
@@ -98,7 +60,10 @@ static void close_peers(struct braid_devcoll_group *g)
 static void group_free(struct braid_devcoll_group *g)
 {
     watch_stop(g);
-    close_peers(g);
+    for (int i = 0; i < LAST_STREAMS; i++)
+        if (g->last_ev[i] && cudaEventDestroy(g->last_ev[i]) != cudaSuccess)
+            (void)cudaGetLastError();
+    braid__devcoll_close_peers(g);
     if (g->region && g->exported && !g->peers_let_go)
         BRAID_WARN("device collectives: leaving a %zu-byte region allocated: not every peer said it let go of it",
                    region_bytes());
@@ -184,7 +149,7 @@ static int map_peer(braid_pg *pg, struct braid_devcoll_group *g, int p, const re
 
 /* One lock-free store to host memory the kernels poll: safe in a signal
  * handler, and from several threads at once. */
-static void raise_abort(struct braid_devcoll_group *g)
+void braid__devcoll_raise_abort(struct braid_devcoll_group *g)
 {
     __atomic_store_n(g->flags_host, 1u, __ATOMIC_RELEASE);
 }
@@ -212,7 +177,7 @@ static void *watch_main(void *arg)
         for (int i = 1; i < n; i++)
             if (fds[i].revents) {
                 atomic_store(&g->dead_rank, rank_of[i]);
-                raise_abort(g); /* every waiting block gives up */
+                braid__devcoll_raise_abort(g); /* every waiting block gives up */
                 return NULL;
             }
     }
@@ -229,7 +194,7 @@ static void watch_start(braid_pg *pg, struct braid_devcoll_group *g, const regio
         g->pidfd[p] = (int)syscall(SYS_pidfd_open, (pid_t)recs[p].pid, 0);
         if (g->pidfd[p] < 0 && errno == ESRCH) { /* gone already */
             atomic_store(&g->dead_rank, p);
-            raise_abort(g);
+            braid__devcoll_raise_abort(g);
         }
         any |= g->pidfd[p] >= 0;
     }
@@ -348,7 +313,7 @@ static braid_status decide(braid_pg *pg, const swap_ops *swap, const region_reco
          * only once every rank has. */
         int all_closed = 0;
         if (g)
-            close_peers(g);
+            braid__devcoll_close_peers(g);
         if (st == BRAID_OK)
             st = swap->all_ok(pg, "closed", 1, &all_closed);
         if (g) {
@@ -436,42 +401,11 @@ braid_status braid__devcoll_agree(braid_pg *pg, int device)
     return decide(pg, &by_collectives, recs);
 }
 
-static int group_faulted(struct braid_devcoll_group *g);
-
-/* How long braid_pg_destroy waits for the peers to let go of the regions. */
-#define DETACH_MS 10000
-
-void braid__devcoll_detach(braid_pg *pg)
-{
-    struct braid_devcoll_group *g = pg->devcoll;
-    if (!g || !g->ready || atomic_exchange(&g->detaching, 1))
-        return;
-    close_peers(g);
-    if (g->one_process) {
-        /* Ranks as threads: the program orders its threads' last calls
-         * before any destroy (docs/CUDA.md), and one thread may destroy
-         * all of them in turn, which a meeting would stall. */
-        g->peers_let_go = 1;
-        return;
-    }
-    if (braid_pg_error(pg) != BRAID_OK || group_faulted(g))
-        return; /* broken: the peers may never come; the region is left allocated */
-    int32_t one = 1, sum = 0;
-    braid_work *w = NULL;
-    if (braid_allreduce(pg, &one, &sum, 1, BRAID_I32, BRAID_SUM, NULL, &w) == BRAID_OK)
-        g->peers_let_go = braid_wait(w, DETACH_MS) == BRAID_OK && sum == pg->size;
-    braid_work_free(w); /* still pending after the wait: the destroy's abort ends it */
-    if (!g->peers_let_go)
-        BRAID_INFO("rank %d: device collectives: the peers did not all reach braid_pg_destroy within %d ms", pg->rank,
-                   DETACH_MS);
-    braid__error_clear();
-}
-
 void braid__devcoll_abort(braid_pg *pg)
 {
     struct braid_devcoll_group *g = pg->devcoll;
     if (g && g->flags_host)
-        raise_abort(g);
+        braid__devcoll_raise_abort(g);
 }
 
 void braid__devcoll_release(braid_pg *pg)
@@ -487,7 +421,7 @@ static braid_devcoll_fault *fault_host(struct braid_devcoll_group *g)
 }
 
 /* A kernel gave up, or a peer process exited: the group is broken. */
-static int group_faulted(struct braid_devcoll_group *g)
+int braid__devcoll_faulted(struct braid_devcoll_group *g)
 {
     return fault_host(g)->code != BRAID_DEVCOLL_OK || atomic_load(&g->dead_rank) >= 0;
 }
@@ -507,7 +441,7 @@ static void fault_words(braid_pg *pg, const char *op, char *text, size_t cap)
 
 int braid__devcoll_fault(braid_pg *pg, char *text, size_t cap)
 {
-    if (!pg || !pg->devcoll || !pg->devcoll->flags_host || !group_faulted(pg->devcoll))
+    if (!pg || !pg->devcoll || !pg->devcoll->flags_host || !braid__devcoll_faulted(pg->devcoll))
         return 0;
     fault_words(pg, "a device call", text, cap);
     return 1;
@@ -537,7 +471,7 @@ braid_status braid__devcoll_run(braid_pg *pg, const braid_coll *coll, void *stre
 {
     struct braid_devcoll_group *g = pg->devcoll;
     const char *op = braid__coll_name(coll->kind);
-    if (group_faulted(g))
+    if (braid__devcoll_faulted(g))
         return fault_status(pg, op);
     BRAID_CHECK(braid__pg_check_usable(pg, op));
 
@@ -570,10 +504,11 @@ braid_status braid__devcoll_run(braid_pg *pg, const braid_coll *coll, void *stre
     a.fault = (braid_devcoll_fault *)((uint32_t *)g->flags_dev + 4);
     a.timeout_ns = (uint64_t)pg->timeout_ms * 1000000u;
     BRAID_CHECK(braid__cuda_devcoll(&a, stream));
+    braid__devcoll_note_launch(g, stream);
     if (work)
         return braid__work_completed(pg, work); /* ordered on the stream, as NCCL's calls are */
     BRAID_CHECK(braid__cuda_stream_sync(stream));
-    if (group_faulted(g))
+    if (braid__devcoll_faulted(g))
         return fault_status(pg, op);
     return BRAID_OK;
 }

@@ -63,6 +63,11 @@ int braid__devcoll_fault(braid_pg *pg, char *text, size_t cap);
  * program finishes every rank's calls before destroying any. */
 void braid__devcoll_detach(braid_pg *pg);
 
+/* Wait until every device-collective kernel this rank launched on the group
+ * has ended (a call's work handle completes when its kernel is queued):
+ * ncclCommFinalize flushes with it. Bounded by the kernels' timeout. */
+void braid__devcoll_flush(braid_pg *pg);
+
 /* Make every waiting kernel of the group give up (abort, peer failure):
  * one store to host memory, safe in a signal handler. */
 void braid__devcoll_abort(braid_pg *pg);

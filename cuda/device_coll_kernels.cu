@@ -389,10 +389,18 @@ extern "C" braid_status braid__cuda_devcoll_preload(void)
 #if DEVCOLL_EMU
     return BRAID_OK; /* the emulation has no modules to load */
 #else
+    /* Modules load per context, so per device: a process may drive several. */
+    enum { MAX_DEVICES = 64 };
     static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-    static int loaded;
+    static unsigned char loaded_on[MAX_DEVICES];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= MAX_DEVICES) {
+        (void)cudaGetLastError();
+        return braid__error(BRAID_ERR_CUDA, "device collective: no current device to load the kernels on");
+    }
     braid_status st = BRAID_OK;
     pthread_mutex_lock(&mu);
+    int loaded = loaded_on[dev];
     for (int d = 0; d < BRAID_DTYPE_COUNT && !loaded && st == BRAID_OK; d++)
         for (int o = 0; o < BRAID_OP_COUNT && st == BRAID_OK; o++) {
             cudaFuncAttributes attr;
@@ -403,7 +411,7 @@ extern "C" braid_status braid__cuda_devcoll_preload(void)
                                   d, o, cudaGetErrorString(err));
             }
         }
-    loaded = st == BRAID_OK;
+    loaded_on[dev] = st == BRAID_OK;
     pthread_mutex_unlock(&mu);
     return st;
 #endif

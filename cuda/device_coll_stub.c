@@ -13,6 +13,11 @@ braid_status braid__devcoll_exchange(braid_pg *pg)
     return BRAID_OK;
 }
 
+void braid__devcoll_flush(braid_pg *pg)
+{
+    (void)pg;
+}
+
 void braid__devcoll_detach(braid_pg *pg)
 {
     (void)pg;

@@ -14,6 +14,7 @@
  * CPU's separate multiply and add (premul), and -prec-div/-ftz stay at
  * their IEEE defaults so f32 division matches the CPU's vdivps.
  */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -393,10 +394,30 @@ extern "C" braid_status braid__cuda_wait_flag(const volatile uint32_t *flag, uin
 /* cudaFuncGetAttributes loads a kernel under lazy loading, so every
  * kernel of the tables (and the gate) is resident before braid holds any
  * stream (braid_cuda.h). */
+static braid_status preload_all(void);
+
 extern "C" braid_status braid__cuda_preload(void)
 {
     if (!braid__cuda_available())
         return braid__error(BRAID_ERR_UNSUPPORTED, "cuda preload: %s", braid__cuda_unavailable_reason());
+    /* Modules load per context, so once per device (a process may drive several). */
+    enum { MAX_DEVICES = 64 };
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static unsigned char loaded_on[MAX_DEVICES];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= MAX_DEVICES) {
+        (void)cudaGetLastError();
+        return braid__error(BRAID_ERR_CUDA, "cuda preload: no current device");
+    }
+    pthread_mutex_lock(&mu);
+    braid_status st = loaded_on[dev] ? BRAID_OK : preload_all();
+    loaded_on[dev] = st == BRAID_OK;
+    pthread_mutex_unlock(&mu);
+    return st;
+}
+
+static braid_status preload_all(void)
+{
     BRAID_CHECK(preload_one((const void *)k_gate, "gate"));
     for (int d = 0; d < BRAID_DTYPE_COUNT; d++) {
         if (tables.premul[d])

@@ -149,7 +149,7 @@ braid_status braid__devlink_settle(braid_pg *pg, int peer, int *settled, int *us
 /* In increasing peer rank on every rank: closing a link waits for its
  * peer to close it too (cuda_ipc frees its ring only then), and that order
  * never has two ranks each waiting for the other's later link. */
-void braid__devlink_close(braid_pg *pg)
+void braid__devlink_close(braid_pg *pg, braid_status status)
 {
     struct braid_devlinks *d = pg->devlinks;
     for (;;) {
@@ -159,6 +159,8 @@ void braid__devlink_close(braid_pg *pg)
                 next = i;
         if (next < 0)
             return;
+        if (status != BRAID_OK && d->conn[next]->error == BRAID_OK)
+            d->conn[next]->error = status;
         d->conn[next]->ops->close(d->conn[next]);
         d->conn[next] = NULL;
     }
@@ -169,7 +171,7 @@ void braid__devlink_release(braid_pg *pg)
     struct braid_devlinks *d = pg->devlinks;
     if (!d)
         return;
-    braid__devlink_close(pg);
+    braid__devlink_close(pg, BRAID_OK);
     if (d->listener)
         d->listener->ops->close_listener(d->listener);
     free(d);

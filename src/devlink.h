@@ -35,8 +35,10 @@ int braid__devlink_count(const braid_pg *pg);
  * why one is not usable. */
 braid_status braid__devlink_settle(braid_pg *pg, int peer, int *settled, int *usable);
 
-/* Close the links (a failing group: peers blocked on them fail now). */
-void braid__devlink_close(braid_pg *pg);
+/* Close the links. status != BRAID_OK: a failing group (peers blocked on
+ * them fail now), whose links are marked failed first, so that closing one
+ * waits for nothing from its peer. */
+void braid__devlink_close(braid_pg *pg, braid_status status);
 
 /* Close the links and the listener, free the state (group teardown). */
 void braid__devlink_release(braid_pg *pg);

@@ -63,11 +63,13 @@ void braid__pg_fail(braid_pg *pg, braid_status status)
      * instead of at its timeout. */
     for (int i = 0; i < pg->size; i++) {
         if (pg->conns[i]) {
+            if (pg->conns[i]->error == BRAID_OK)
+                pg->conns[i]->error = status; /* no goodbye waits: the peers are not closing with us */
             pg->conns[i]->ops->close(pg->conns[i]);
             pg->conns[i] = NULL;
         }
     }
-    braid__devlink_close(pg);
+    braid__devlink_close(pg, status);
     braid__devcoll_abort(pg);
 }
 

@@ -212,7 +212,8 @@ START_TEST(own_ipc_handle)
     ck_assert_int_eq(cudaMalloc(&d, 4096), cudaSuccess);
     ck_assert_int_eq(cudaIpcGetMemHandle(&h, d), cudaSuccess);
     ck_assert_int_eq(cudaIpcOpenMemHandle(&mapped, h, 0), cudaErrorInvalidContext);
-    cudaEvent_t e, opened;
+    static cudaEvent_t e; /* the stand-in keeps destroyed events (a wait may hold one): reachable */
+    cudaEvent_t opened;
     cudaIpcEventHandle_t eh;
     ck_assert_int_eq(cudaEventCreateWithFlags(&e, cudaEventInterprocess | cudaEventDisableTiming), cudaSuccess);
     ck_assert_int_eq(cudaIpcGetEventHandle(&eh, e), cudaSuccess);

@@ -388,6 +388,7 @@ NCCL_API ncclResult_t ncclCommFinalize(ncclComm_t comm)
      * here (their streams are released as they complete). */
     nccl__dev_drain(comm);
     nccl__inflight_wait(comm);
+    nccl__dev_finish_kernels(comm);
     comm->finalized = 1;
     ncclResult_t async = (ncclResult_t)atomic_load(&comm->async_error);
     if (async != ncclSuccess) {

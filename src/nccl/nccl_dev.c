@@ -467,20 +467,18 @@ void nccl__dev_drain(ncclComm_t comm)
 
 void nccl__dev_attach(ncclComm_t comm)
 {
-    int n = braid__cuda_device_count(); /* asks the driver; makes no context */
     int dev = comm->cuda_dev;
-    if (n <= 0 || (dev < 0 && cudaGetDevice(&dev) != cudaSuccess)) {
-        (void)cudaGetLastError();
+    if (dev < 0)
+        return; /* no context at creation: a host-only program stays CUDA-free; braid decides lazily */
+    int n = braid__cuda_device_count(); /* asks the driver; makes no context */
+    if (n <= 0)
         return;
-    }
     /* ncclCommInitAll's default list names devices 0..ndev-1; with fewer
      * GPUs its communicators share them, as nccl-tests' -g N on one GPU. */
     if (cudaSetDevice(dev % n) != cudaSuccess) { /* makes the primary context (CUDA 12 on) */
         (void)cudaGetLastError();
         return;
     }
-    if (comm->cuda_dev < 0)
-        comm->cuda_dev = dev;
 }
 
 void nccl__dev_stop(ncclComm_t comm)
@@ -501,6 +499,13 @@ void nccl__dev_stop(ncclComm_t comm)
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
     free(w);
+}
+
+void nccl__dev_finish_kernels(ncclComm_t comm)
+{
+    if (comm->pg)
+        braid__devcoll_flush(comm->pg);
+    nccl__dev_poll_kernels(comm);
 }
 
 void nccl__dev_poll_kernels(ncclComm_t comm)

@@ -258,13 +258,19 @@ void nccl__dev_drain(ncclComm_t comm);
  * communicator's asynchronous error (ncclRemoteError), once. */
 void nccl__dev_poll_kernels(ncclComm_t comm);
 
+/* Wait for comm's device-collective kernels to end, then poll them
+ * (ncclCommFinalize: their calls completed when queued). */
+void nccl__dev_finish_kernels(ncclComm_t comm);
+
 /* Before comm's group is made, on the thread that makes it: make comm's
- * device (comm->cuda_dev, else the thread's current one, which it then
- * records) current, which makes its primary context, as NCCL binds a
- * communicator to a device at init. braid then sets up its device state
- * (pinned staging) at group creation, before any stream of the group can
- * be held, whenever the program makes its own context. Nothing without
- * CUDA or a device. */
+ * device current (comm->cuda_dev: the creating thread's context's device,
+ * or ncclCommInitAll's devlist entry), which makes its primary context, as
+ * NCCL binds a communicator to a device at init. braid then sets up its
+ * device state (pinned staging) at group creation, before any stream of
+ * the group can be held, and a deferred init runs on that device. Nothing
+ * without CUDA, a device, or a device for comm (a thread with no context:
+ * host-only programs stay CUDA-free, and braid decides at the first device
+ * call). */
 void nccl__dev_attach(ncclComm_t comm);
 
 /* Stop comm's worker (after drain or abort) and free it. */

@@ -55,6 +55,7 @@ typedef struct {
     int started;      /* our set-up went out */
     int my_verdict;   /* -1 until the peer's set-up was read; then 1 reachable, 0 not */
     int peer_verdict; /* -1 until the peer's VERDICT arrived */
+    uint32_t peer_pid; /* from the peer's set-up (same host): 0 until it arrived */
     int ready;        /* both said yes, the peer's ring and events are open */
     char unusable_why[256];
     braid_ipc_setup me;

@@ -1,6 +1,8 @@
 /* cuda_ipc transport, connection set-up: this side's ring, stream and
  * events, the exchange of set-up messages over the TCP channel, the check
  * that the peer's GPU is reachable (VERDICT) and teardown. */
+#include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,26 +127,37 @@ static int stream_drained(ipc_conn *c)
  * only after its own BYE, or dies, which unmaps too). Returns 1 when our
  * ring may be freed. Links close in peer order on every rank, so two
  * ranks never wait for each other's later link. */
+/* A connection that ended without the peer's BYE proves nothing (a peer
+ * whose copies did not drain closes without unmapping): only a peer
+ * process that is gone has let go. */
+static int peer_gone(const ipc_conn *c)
+{
+    return c->peer_pid == 0 || (kill((pid_t)c->peer_pid, 0) != 0 && errno == ESRCH);
+}
+
 static int peer_let_go(ipc_conn *c)
 {
+    int mapped = c->peer_verdict != 0 && c->ring; /* a peer that said no never mapped our ring */
+    if (c->base.error != BRAID_OK)
+        return !mapped || peer_gone(c); /* a failed link (or group): the peer is not closing with us */
     int64_t deadline = braid__now_ms() + DRAIN_MS;
-    braid_ipc_ctrl bye = {.kind = BRAID_IPC_BYE};
+    braid_ipc_ctrl bye = {.kind = BRAID_IPC_BYE}; /* always: we may have mapped the peer's */
     int sent = 0;
     while (!sent && braid__now_ms() <= deadline)
         if (braid__cuda_ipc_ctrl_send(c, &bye, &sent) != BRAID_OK)
-            return 1; /* the connection is gone: so is the peer's side of it */
-    if (c->peer_verdict == 0 || !c->ring)
-        return 1; /* the peer said no: it never mapped our ring */
+            return !mapped || peer_gone(c);
+    if (!mapped)
+        return 1;
     while (braid__now_ms() <= deadline) {
         if (!c->rx_posted) {
             memset(&c->rx, 0, sizeof(c->rx));
             if (c->tcp->ops->irecv(c->tcp, &c->rx, c->rx_buf, BRAID_IPC_CTRL_BYTES) != BRAID_OK)
-                return 1;
+                return peer_gone(c);
             c->rx_posted = 1;
         }
         int done = 0;
         if (c->tcp->ops->test(&c->rx, &done) != BRAID_OK)
-            return 1;
+            return peer_gone(c);
         if (!done) {
             usleep(200);
             continue;
@@ -216,6 +229,7 @@ braid_status braid__cuda_ipc_finish_setup(ipc_conn *c)
     braid_status st = braid__ipc_setup_decode(c->setup_in, &peer, why, sizeof(why));
     if (st != BRAID_OK)
         return braid__error(st, "rank %d: cuda_ipc peer %d: %s", c->rank, c->base.peer, why);
+    c->peer_pid = peer.pid;
     if (c->me.nslots == 0) {
         c->my_verdict = 0; /* we cannot: unusable_why said so when we started */
     } else if (peer.nslots == 0) {
