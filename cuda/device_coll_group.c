@@ -508,7 +508,9 @@ braid_status braid__devcoll_run(braid_pg *pg, const braid_coll *coll, void *stre
     if (work)
         return braid__work_completed(pg, work); /* ordered on the stream, as NCCL's calls are */
     BRAID_CHECK(braid__cuda_stream_sync(stream));
-    if (braid__devcoll_faulted(g))
+    /* Only the kernel's own verdict: a peer that finished this call and
+     * exited before we looked did not fail it (the next call says so). */
+    if (fault_host(g)->code != BRAID_DEVCOLL_OK)
         return fault_status(pg, op);
     return BRAID_OK;
 }
