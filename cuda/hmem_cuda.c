@@ -1,13 +1,14 @@
-/* Device buffers in braid_allreduce / braid_broadcast (src/hmem.h), CUDA
- * build. The design and what blocks is in docs/CUDA.md; in short:
+/* Device buffers in every call and group (src/hmem.h), CUDA build:
+ * submission and the job. The design and what blocks is in docs/CUDA.md;
+ * in short:
  *
- *  - The entry point records an event `ready` on the caller's stream, so
- *    the job sees exactly the work the caller queued before the call.
+ *  - The entry point records an event `ready` on the caller's stream (a
+ *    group's end, on each stream its calls named), so the job sees exactly
+ *    the work the caller queued before the call.
  *  - The job runs on the group's executor, in issue order with every other
- *    collective. It waits for `ready` on two braid streams (non-blocking,
- *    so a blocked legacy default stream cannot hold them up), copies piece
- *    k+1 down (d2h stream) and piece k-1 back (h2d stream) while the host
- *    algorithm runs on piece k in the other pinned buffer.
+ *    collective. It waits for `ready` on braid's streams (non-blocking, so
+ *    a blocked legacy default stream cannot hold them up), then stages its
+ *    ops in pieces through the pinned pool (hmem_stage.c).
  *  - work == NULL: the call returns once the result is in device memory.
  *    work != NULL: the call returns at once; a gate on the caller's stream
  *    (cuda/cuda_gate.c: a one-thread kernel polling a mapped flag) holds
@@ -29,9 +30,10 @@
  * hold every other group's streams too (two ranks as threads of one
  * process deadlock). While a gate is held, the job makes no call that may
  * synchronize the device: kernels are loaded and the gate flags allocated
- * before the first gate (braid__cuda_gate_prepare), and pinned buffers are
- * allocated once per group at their full size, never reallocated
- * (cudaHostAlloc and cudaFreeHost wait for busy blocking streams). */
+ * before the first gate (braid__cuda_gate_prepare), pinned buffers are
+ * allocated by the submitting thread before the call's gates exist, and
+ * freed only with the group (cudaHostAlloc and cudaFreeHost wait for busy
+ * blocking streams). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -52,20 +54,21 @@
 /* Per-job state, freed by braid__hmem_coll_release. */
 struct braid_hmem_job {
     atomic_int released;      /* braid__hmem_coll_release ran */
-    braid_cuda_gate gate;     /* armed on the caller's stream when work != NULL */
     int device;
     int dring;                /* may run as the device ring (use_device_ring) */
-    cudaEvent_t ready;        /* recorded on the caller's stream at submission */
-    struct braid_hmem *owner; /* on owner->jobs while not released (under init_mu) */
+    int nstreams;             /* the callers' distinct streams */
+    cudaEvent_t *ready;       /* one per stream, recorded at submission */
+    braid_cuda_gate *gates;   /* one per stream, armed when work != NULL */
+    struct braid_hmem *owner; /* on owner->jobs while not released (under braid__hmem_mu) */
     struct braid_hmem_job *next;
 };
 
 /* Guards every group's staging-state creation and job list. */
-static pthread_mutex_t init_mu = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t braid__hmem_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* The last error's text without its status name, copied out of the
  * buffer the next braid__error writes: the cause inside a wider message. */
-static const char *cause_text(void)
+const char *braid__hmem_cause(void)
 {
     static _Thread_local char why[256];
     const char *e = braid_last_error(), *colon = strstr(e, ": ");
@@ -83,10 +86,28 @@ braid_mem braid__mem_of(const void *p)
 
 /* ---- the job and its gate ----------------------------------------------- */
 
-/* Lets the caller's stream go on (idempotent, no CUDA call). */
+/* Lets the callers' streams go on (idempotent, no CUDA call). */
 static void gate_open(struct braid_hmem_job *job)
 {
-    braid__cuda_gate_open(&job->gate);
+    for (int i = 0; i < job->nstreams; i++)
+        braid__cuda_gate_open(&job->gates[i]);
+}
+
+void braid__hmem_coll_done(braid_coll *coll)
+{
+    if (coll->hmem)
+        gate_open(coll->hmem);
+}
+
+void braid__hmem_jobs_orphan(struct braid_hmem *h)
+{
+    pthread_mutex_lock(&braid__hmem_mu);
+    for (struct braid_hmem_job *j = h->jobs; j; j = j->next) {
+        gate_open(j);
+        j->owner = NULL;
+    }
+    h->jobs = NULL;
+    pthread_mutex_unlock(&braid__hmem_mu);
 }
 
 void braid__hmem_coll_release(braid_coll *coll)
@@ -97,7 +118,7 @@ void braid__hmem_coll_release(braid_coll *coll)
     coll->hmem = NULL;
     if (atomic_exchange(&job->released, 1))
         return;
-    pthread_mutex_lock(&init_mu);
+    pthread_mutex_lock(&braid__hmem_mu);
     if (job->owner) {
         for (struct braid_hmem_job **p = &job->owner->jobs; *p; p = &(*p)->next)
             if (*p == job) {
@@ -106,173 +127,20 @@ void braid__hmem_coll_release(braid_coll *coll)
             }
         job->owner = NULL;
     }
-    pthread_mutex_unlock(&init_mu);
+    pthread_mutex_unlock(&braid__hmem_mu);
     /* A job dropped before it ran (group destroyed) still lets the caller's
      * stream go on: its buffers are left as they were. */
     gate_open(job);
-    if (job->ready) {
-        cudaError_t err = cudaEventDestroy(job->ready);
+    for (int i = 0; i < job->nstreams; i++) {
+        cudaError_t err = job->ready[i] ? cudaEventDestroy(job->ready[i]) : cudaSuccess;
         if (err != cudaSuccess) {
             (void)cudaGetLastError();
             BRAID_WARN("cuda staging: cudaEventDestroy failed: %s", cudaGetErrorString(err));
         }
     }
+    free(job->ready);
+    free(job->gates);
     free(job);
-}
-
-/* ---- per-group state ------------------------------------------------------ */
-
-static void state_free(struct braid_hmem *h)
-{
-    int cur = -1;
-    if (cudaGetDevice(&cur) != cudaSuccess || cur != h->device)
-        (void)cudaSetDevice(h->device);
-    /* Nothing may still be copying into memory we free. */
-    if (h->d2h)
-        (void)cudaStreamSynchronize(h->d2h);
-    if (h->h2d)
-        (void)cudaStreamSynchronize(h->h2d);
-    if (h->comp)
-        (void)cudaStreamSynchronize(h->comp);
-    if (h->rpin)
-        (void)cudaFreeHost(h->rpin);
-    if (h->spin)
-        (void)cudaFreeHost(h->spin);
-    if (h->dslot)
-        (void)cudaFree(h->dslot);
-    for (int i = 0; i < DRING_RECV_SLOTS; i++) {
-        if (h->ev_h2d[i])
-            (void)cudaEventDestroy(h->ev_h2d[i]);
-        if (h->ev_kern[i])
-            (void)cudaEventDestroy(h->ev_kern[i]);
-    }
-    for (int i = 0; i < DRING_SEND_SLOTS; i++)
-        if (h->ev_d2h[i])
-            (void)cudaEventDestroy(h->ev_d2h[i]);
-    if (h->comp)
-        (void)cudaStreamDestroy(h->comp);
-    for (int b = 0; b < 2; b++) {
-        if (h->pinned[b])
-            (void)cudaFreeHost(h->pinned[b]);
-        if (h->down_done[b])
-            (void)cudaEventDestroy(h->down_done[b]);
-        if (h->up_done[b])
-            (void)cudaEventDestroy(h->up_done[b]);
-    }
-    if (h->d2h)
-        (void)cudaStreamDestroy(h->d2h);
-    if (h->h2d)
-        (void)cudaStreamDestroy(h->h2d);
-    (void)cudaGetLastError();
-    if (cur >= 0 && cur != h->device)
-        (void)cudaSetDevice(cur);
-    free(h);
-}
-
-static braid_status state_create(braid_pg *pg, int device, struct braid_hmem **out)
-{
-    struct braid_hmem *h = calloc(1, sizeof(*h));
-    if (!h)
-        return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for cuda staging state", pg->rank);
-    h->device = device;
-    braid_status st = braid__cuda_gate_prepare();
-    if (st != BRAID_OK) {
-        free(h);
-        return braid__error(st, "rank %d: cannot set up cuda staging on device %d: %s", pg->rank, device,
-                            cause_text());
-    }
-    cudaError_t err = cudaStreamCreateWithFlags(&h->d2h, cudaStreamNonBlocking);
-    if (err == cudaSuccess)
-        err = cudaStreamCreateWithFlags(&h->h2d, cudaStreamNonBlocking);
-    for (int b = 0; b < 2 && err == cudaSuccess; b++) {
-        err = cudaEventCreateWithFlags(&h->down_done[b], cudaEventDisableTiming);
-        if (err == cudaSuccess)
-            err = cudaEventCreateWithFlags(&h->up_done[b], cudaEventDisableTiming);
-        if (err == cudaSuccess)
-            err = cudaHostAlloc(&h->pinned[b], BRAID_HMEM_PIECE_BYTES, cudaHostAllocDefault);
-    }
-    /* The device ring's slots, at the group's chunk size (fixed for its
-     * life), allocated now: nothing here may be reallocated later (see the
-     * top of the file). */
-    h->slot_bytes = pg->chunk_bytes < 16 ? 16 : pg->chunk_bytes;
-    if (err == cudaSuccess)
-        err = cudaStreamCreateWithFlags(&h->comp, cudaStreamNonBlocking);
-    if (err == cudaSuccess)
-        err = cudaHostAlloc(&h->rpin, DRING_RECV_SLOTS * h->slot_bytes, cudaHostAllocDefault);
-    if (err == cudaSuccess)
-        err = cudaHostAlloc(&h->spin, DRING_SEND_SLOTS * h->slot_bytes, cudaHostAllocDefault);
-    if (err == cudaSuccess)
-        err = cudaMalloc(&h->dslot, DRING_RECV_SLOTS * h->slot_bytes);
-    for (int i = 0; i < DRING_RECV_SLOTS && err == cudaSuccess; i++) {
-        err = cudaEventCreateWithFlags(&h->ev_h2d[i], cudaEventDisableTiming);
-        if (err == cudaSuccess)
-            err = cudaEventCreateWithFlags(&h->ev_kern[i], cudaEventDisableTiming);
-    }
-    for (int i = 0; i < DRING_SEND_SLOTS && err == cudaSuccess; i++)
-        err = cudaEventCreateWithFlags(&h->ev_d2h[i], cudaEventDisableTiming);
-    if (err != cudaSuccess) {
-        (void)cudaGetLastError();
-        st = braid__error(err == cudaErrorMemoryAllocation ? BRAID_ERR_NO_MEMORY : BRAID_ERR_CUDA,
-                          "rank %d: cannot set up cuda staging on device %d (2 x %u + %d x %zu pinned bytes, "
-                          "%d x %zu device bytes, 3 streams): %s",
-                          pg->rank, device, BRAID_HMEM_PIECE_BYTES, DRING_RECV_SLOTS + DRING_SEND_SLOTS,
-                          h->slot_bytes, DRING_RECV_SLOTS, h->slot_bytes, cudaGetErrorString(err));
-        state_free(h);
-        return st;
-    }
-    *out = h;
-    return BRAID_OK;
-}
-
-static braid_status state_get(braid_pg *pg, int device, const char *op);
-
-void braid__hmem_pg_prepare(braid_pg *pg)
-{
-    int device = -1;
-    if (!braid__cuda_context_seen() || !braid__cuda_available())
-        return; /* CPU-only processes stay CUDA-free */
-    if (cudaGetDevice(&device) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return;
-    }
-    if (state_get(pg, device, "braid_pg_init") != BRAID_OK)
-        BRAID_INFO("rank %d: cuda staging not set up at group creation (retried at the first device call): %s",
-                   pg->rank, braid_last_error());
-    braid__error_clear();
-}
-
-void braid__hmem_pg_release(braid_pg *pg)
-{
-    if (pg->hmem) {
-        /* Jobs that never ran are released only when their work handle is
-         * freed; their callers' streams must not wait for that. */
-        pthread_mutex_lock(&init_mu);
-        for (struct braid_hmem_job *j = pg->hmem->jobs; j; j = j->next) {
-            gate_open(j);
-            j->owner = NULL;
-        }
-        pg->hmem->jobs = NULL;
-        pthread_mutex_unlock(&init_mu);
-        state_free(pg->hmem);
-        pg->hmem = NULL;
-    }
-}
-
-/* The group's staging state for device, made on first use. One device per
- * group: its streams and pinned buffers belong to that device. */
-static braid_status state_get(braid_pg *pg, int device, const char *op)
-{
-    braid_status st = BRAID_OK;
-    pthread_mutex_lock(&init_mu);
-    if (!pg->hmem)
-        st = state_create(pg, device, &pg->hmem);
-    else if (pg->hmem->device != device)
-        st = braid__error(BRAID_ERR_UNSUPPORTED,
-                          "rank %d: %s on device %d, but this group already stages through device %d: "
-                          "use one device per process group",
-                          pg->rank, op, device, pg->hmem->device);
-    pthread_mutex_unlock(&init_mu);
-    return st;
 }
 
 /* ---- submission (caller's thread) ------------------------------------------ */
@@ -295,13 +163,14 @@ static int buffer_device(const braid_coll *c, int *device, int *both)
 /* Whether a device call may run as the device ring rather than as staged
  * pieces: all-reduces above one piece (so that no rank can take it for a
  * one-piece call, which may mix host and device ranks) with both buffers
- * readable by kernels. The job runs it only where the tuner picks the ring
+ * readable by kernels (a pre-multiplied sum stages: the ring's kernels do
+ * not multiply). The job runs it only where the tuner picks the ring
  * for the whole call (braid__allreduce_algo, on the executor, as for a
  * host call): then a host rank in the same call runs the same ring. */
 static int use_device_ring(const braid_coll *c, int both)
 {
     size_t bytes = c->count * braid_dtype_size(c->dtype);
-    return both && c->kind == BRAID_COLL_ALLREDUCE && bytes > BRAID_HMEM_PIECE_BYTES;
+    return both && c->kind == BRAID_COLL_ALLREDUCE && !c->premul && bytes > BRAID_HMEM_PIECE_BYTES;
 }
 
 /* A group of one: the result is the input, so the call is one copy on the
@@ -323,14 +192,177 @@ static braid_status one_rank_run(braid_pg *pg, const braid_coll *coll, void *str
     return braid__cuda_stream_sync(stream);
 }
 
+static braid_status refuse_capture(braid_pg *pg, cudaStream_t stream, const char *op)
+{
+    enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    CUDA_CALL(cudaStreamIsCapturing(stream, &cap), "cudaStreamIsCapturing", pg->rank);
+    if (cap != cudaStreamCaptureStatusNone)
+        return braid__error(BRAID_ERR_UNSUPPORTED,
+                            "rank %d: %s on a stream under CUDA graph capture is not supported (only an all-reduce or "
+                            "a broadcast outside a group, where device collectives are on, is captured)",
+                            pg->rank, op);
+    return BRAID_OK;
+}
+
+/* Order the job after the work queued so far on each caller stream (an
+ * event each) and, for work != NULL, hold each stream until the job is
+ * done (a gate each). On the streams' device. */
+static braid_status job_order(braid_pg *pg, struct braid_hmem_job *job, const cudaStream_t *streams, int work,
+                              const char *op)
+{
+    for (int i = 0; i < job->nstreams; i++) {
+        cudaError_t err = cudaEventCreateWithFlags(&job->ready[i], cudaEventDisableTiming);
+        if (err == cudaSuccess)
+            err = cudaEventRecord(job->ready[i], streams[i]);
+        if (err != cudaSuccess) {
+            (void)cudaGetLastError();
+            return braid__error(BRAID_ERR_CUDA, "rank %d: %s: cannot order the call on the caller's stream: %s",
+                                pg->rank, op, cudaGetErrorString(err));
+        }
+    }
+    for (int i = 0; work && i < job->nstreams; i++) {
+        braid_status gst = braid__cuda_gate_arm(&job->gates[i], streams[i]);
+        if (gst != BRAID_OK)
+            return braid__error(gst, "rank %d: %s: cannot hold the caller's stream: %s", pg->rank, op, braid__hmem_cause());
+    }
+    return BRAID_OK;
+}
+
+/* Queue c (owned: released on failure) as a staging job on device, after
+ * the work on streams[0..ns). */
+static braid_status queue_job(braid_pg *pg, braid_coll *c, const cudaStream_t *streams, int ns, int device, int dring,
+                              braid_work **work)
+{
+    const char *op = braid__coll_job_name(c);
+    size_t need = 0;
+    braid_status st = BRAID_OK;
+    for (int i = 0; i < ns && st == BRAID_OK; i++)
+        st = refuse_capture(pg, streams[i], op);
+    if (st == BRAID_OK)
+        st = braid__hmem_state_get(pg, device, op);
+    if (st == BRAID_OK)
+        st = braid__hmem_stage_need(pg, c, &need);
+    if (st == BRAID_OK)
+        st = braid__hmem_pool_reserve(pg, need);
+    struct braid_hmem_job *job = st == BRAID_OK ? calloc(1, sizeof(*job)) : NULL;
+    if (st == BRAID_OK && job) {
+        job->ready = calloc((size_t)ns, sizeof(*job->ready));
+        job->gates = calloc((size_t)ns, sizeof(*job->gates));
+    }
+    if (st == BRAID_OK && (!job || !job->ready || !job->gates)) {
+        if (job) {
+            free(job->ready);
+            free(job->gates);
+            free(job);
+        }
+        st = braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for a cuda staging job", pg->rank);
+    }
+    if (st != BRAID_OK) {
+        braid__coll_release(c);
+        return st;
+    }
+    atomic_init(&job->released, 0);
+    job->device = device;
+    job->dring = dring;
+    job->nstreams = ns;
+    c->hmem = job;
+    /* A job that fails to queue still opens the gates armed (the release). */
+    st = job_order(pg, job, streams, work != NULL, op);
+    if (st != BRAID_OK) {
+        braid__coll_release(c);
+        return st;
+    }
+    pthread_mutex_lock(&braid__hmem_mu);
+    job->owner = pg->hmem;
+    job->next = pg->hmem->jobs;
+    pg->hmem->jobs = job;
+    pthread_mutex_unlock(&braid__hmem_mu);
+    return braid__work_submit(pg, c, work); /* owns the job from here */
+}
+
+/* A group's job (braid_group_end; owned): staged where an op has device
+ * buffers, after every stream its ops named, else the CPU path. */
+static braid_status group_submit(braid_pg *pg, const braid_coll *group, braid_work **work)
+{
+    braid_coll c = *group;
+    int device = -1, ns = 0;
+    cudaStream_t *streams = calloc((size_t)(c.nops ? c.nops : 1), sizeof(*streams));
+    braid_status st = streams ? BRAID_OK
+                              : braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for a group's streams", pg->rank);
+    for (int i = 0; i < c.nops && st == BRAID_OK; i++) {
+        const braid_coll *op = &c.ops[i];
+        int d = -1, both = 0, dev = op->count > 0 ? buffer_device(op, &d, &both) : 0;
+        if (dev < 0 || (dev && device >= 0 && d != device))
+            st = braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: a group's buffers are on more than one CUDA device",
+                              pg->rank, braid__coll_job_name(&c));
+        if (st != BRAID_OK || !dev)
+            continue;
+        device = d;
+        int seen = 0;
+        for (int k = 0; k < ns; k++)
+            seen |= streams[k] == (cudaStream_t)op->stream;
+        if (!seen)
+            streams[ns++] = (cudaStream_t)op->stream;
+    }
+    if (st != BRAID_OK)
+        braid__coll_release(&c);
+    else if (device < 0)
+        st = braid__work_submit(pg, &c, work); /* host buffers only: the CPU path */
+    else {
+        int cur = -1;
+        if (cudaGetDevice(&cur) != cudaSuccess || (cur != device && cudaSetDevice(device) != cudaSuccess)) {
+            (void)cudaGetLastError();
+            braid__coll_release(&c);
+            st = braid__error(BRAID_ERR_CUDA, "rank %d: %s: cannot make device %d current", pg->rank,
+                              braid__coll_job_name(&c), device);
+        } else {
+            st = queue_job(pg, &c, streams, ns, device, 0, work);
+            if (cur >= 0 && cur != device)
+                (void)cudaSetDevice(cur);
+        }
+    }
+    free(streams);
+    return st;
+}
+
+/* A call inside the calling thread's open group is recorded with its
+ * stream; braid_group_end queues the group (group_submit). */
+static braid_status group_record(braid_pg *pg, const braid_coll *coll, int dev, int device, void *cuda_stream,
+                                 braid_work **work)
+{
+    const char *op = braid__coll_name(coll->kind);
+    if (!dev && cuda_stream) {
+        if (!braid__cuda_available())
+            return braid__error(BRAID_ERR_UNSUPPORTED, "rank %d: %s: a CUDA stream was given but %s", pg->rank, op,
+                                braid__cuda_unavailable_reason());
+        BRAID_CHECK(braid__cuda_stream_sync(cuda_stream)); /* host buffers: written by the stream's earlier work */
+    }
+    if (dev) {
+        int cur = -1;
+        CUDA_CALL(cudaGetDevice(&cur), "cudaGetDevice", pg->rank);
+        if (cur != device)
+            return braid__error(BRAID_ERR_INVALID_ARG,
+                                "rank %d: %s: buffers are on device %d but the calling thread's current device is %d "
+                                "(cudaSetDevice first)",
+                                pg->rank, op, device, cur);
+    }
+    braid_coll c = *coll;
+    c.stream = dev ? cuda_stream : NULL;
+    return braid__work_submit(pg, &c, work); /* recorded */
+}
+
 braid_status braid__hmem_submit(braid_pg *pg, const braid_coll *coll, void *cuda_stream, braid_work **work)
 {
+    if (coll->kind == BRAID_COLL_GROUP)
+        return group_submit(pg, coll, work);
     const char *op = braid__coll_name(coll->kind);
     int device = -1, both = 0;
     int dev = coll->count > 0 ? buffer_device(coll, &device, &both) : 0;
     if (dev < 0)
         return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: send and recv are on different CUDA devices",
                             pg->rank, op);
+    if (braid__group_open_here(pg))
+        return group_record(pg, coll, dev, device, cuda_stream, work);
     if (!dev) {
         if (!cuda_stream)
             return braid__work_submit(pg, coll, work); /* the CPU path, untouched */
@@ -343,9 +375,6 @@ braid_status braid__hmem_submit(braid_pg *pg, const braid_coll *coll, void *cuda
         return braid__work_submit(pg, coll, work);
     }
 
-    if (braid__group_open_here(pg))
-        return braid__error(BRAID_ERR_UNSUPPORTED,
-                            "rank %d: %s on device memory inside braid_group_start/end is not supported", pg->rank, op);
     int cur = -1;
     CUDA_CALL(cudaGetDevice(&cur), "cudaGetDevice", pg->rank);
     if (cur != device)
@@ -359,109 +388,19 @@ braid_status braid__hmem_submit(braid_pg *pg, const braid_coll *coll, void *cuda
         BRAID_CHECK(braid__devcoll_agree(pg, device)); /* the group's first device call decides */
     if (braid__devcoll_takes(pg, coll, device))
         return braid__devcoll_run(pg, coll, cuda_stream, work); /* graph capture included */
-    cudaStream_t stream = (cudaStream_t)cuda_stream;
-    enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-    CUDA_CALL(cudaStreamIsCapturing(stream, &cap), "cudaStreamIsCapturing", pg->rank);
-    if (cap != cudaStreamCaptureStatusNone)
-        return braid__error(BRAID_ERR_UNSUPPORTED, "rank %d: %s on a stream under CUDA graph capture is not supported",
-                            pg->rank, op);
-    BRAID_CHECK(state_get(pg, device, op));
-
-    struct braid_hmem_job *job = calloc(1, sizeof(*job));
-    if (!job)
-        return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for a cuda staging job", pg->rank);
-    atomic_init(&job->released, 0);
-    job->device = device;
-    job->dring = use_device_ring(coll, both);
     braid_coll c = *coll;
-    c.hmem = job;
-    cudaError_t err = cudaEventCreateWithFlags(&job->ready, cudaEventDisableTiming);
-    if (err == cudaSuccess)
-        err = cudaEventRecord(job->ready, stream);
-    if (err != cudaSuccess) {
-        (void)cudaGetLastError();
-        braid__hmem_coll_release(&c);
-        return braid__error(BRAID_ERR_CUDA, "rank %d: %s: cannot order the call on the caller's stream: %s",
-                            pg->rank, op, cudaGetErrorString(err));
-    }
-    /* The gate goes onto the stream before the job exists, so a job that
-     * fails to queue still opens it (through the release). */
-    braid_status gst = work ? braid__cuda_gate_arm(&job->gate, stream) : BRAID_OK;
-    if (gst != BRAID_OK) {
-        braid__hmem_coll_release(&c);
-        return braid__error(gst, "rank %d: %s: cannot hold the caller's stream: %s", pg->rank, op, cause_text());
-    }
-    pthread_mutex_lock(&init_mu);
-    job->owner = pg->hmem;
-    job->next = pg->hmem->jobs;
-    pg->hmem->jobs = job;
-    pthread_mutex_unlock(&init_mu);
-    return braid__work_submit(pg, &c, work); /* owns the job from here */
+    cudaStream_t stream = (cudaStream_t)cuda_stream;
+    return queue_job(pg, &c, &stream, 1, device, use_device_ring(coll, both), work);
 }
 
 /* ---- the job (executor) ----------------------------------------------------- */
 
-static braid_status copy(braid_pg *pg, void *dst, const void *src, size_t bytes, cudaStream_t s, cudaEvent_t done)
-{
-    CUDA_CALL(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s), "cudaMemcpyAsync", pg->rank);
-    CUDA_CALL(cudaEventRecord(done, s), "cudaEventRecord", pg->rank);
-    return BRAID_OK;
-}
-
-/* Piece k uses pinned[k & 1]. Down copies run on d2h, up copies on h2d;
- * a buffer is written again only after its previous up copy finished
- * (up_done), and read by the host only after its down copy finished. */
-static braid_status stage(braid_pg *pg, braid_coll *coll)
-{
-    struct braid_hmem *h = pg->hmem;
-    size_t esize = braid_dtype_size(coll->dtype);
-    size_t per = braid__hmem_piece_elems(esize);
-    size_t n = braid__hmem_piece_count(coll->count, esize);
-    int bcast = coll->kind == BRAID_COLL_BROADCAST;
-    int down = !bcast || coll->root == pg->rank; /* the broadcast root's data goes out... */
-    int up = !bcast || coll->root != pg->rank;   /* ...and only the others' comes back */
-    const char *src = coll->send;
-    char *dst = coll->recv;
-
-    if (down)
-        BRAID_CHECK(copy(pg, h->pinned[0], src, (n > 1 ? per : coll->count) * esize, h->d2h, h->down_done[0]));
-    for (size_t k = 0; k < n; k++) {
-        int b = (int)(k & 1);
-        size_t off = k * per, len = coll->count - off < per ? coll->count - off : per;
-        if (down && k + 1 < n) {
-            int nb = b ^ 1;
-            size_t noff = off + per, nlen = coll->count - noff < per ? coll->count - noff : per;
-            if (up && k >= 1)
-                CUDA_CALL(cudaStreamWaitEvent(h->d2h, h->up_done[nb], 0), "cudaStreamWaitEvent", pg->rank);
-            BRAID_CHECK(copy(pg, h->pinned[nb], src + noff * esize, nlen * esize, h->d2h, h->down_done[nb]));
-        }
-        if (down)
-            CUDA_CALL(cudaEventSynchronize(h->down_done[b]), "cudaEventSynchronize", pg->rank);
-        else if (k >= 2)
-            CUDA_CALL(cudaEventSynchronize(h->up_done[b]), "cudaEventSynchronize", pg->rank);
-
-        braid_coll piece = *coll;
-        piece.hmem = NULL;
-        piece.send = piece.recv = h->pinned[b];
-        piece.count = len;
-        BRAID_CHECK(braid__coll_run(pg, &piece));
-
-        if (up)
-            BRAID_CHECK(copy(pg, dst + off * esize, h->pinned[b], len * esize, h->h2d, h->up_done[b]));
-    }
-    CUDA_CALL(cudaStreamSynchronize(h->h2d), "cudaStreamSynchronize", pg->rank);
-    return BRAID_OK;
-}
-
 braid_status braid__hmem_coll_run(braid_pg *pg, braid_coll *coll)
 {
     struct braid_hmem_job *job = coll->hmem;
-    braid_status st = braid__pg_check_usable(pg, braid__coll_name(coll->kind));
-    if (st != BRAID_OK) {
-        if (job)
-            gate_open(job);
-        return st;
-    }
+    braid_status st = braid__pg_check_usable(pg, braid__coll_job_name(coll));
+    if (st != BRAID_OK)
+        return st; /* the gates open once the handle is done (braid__hmem_coll_done) or the job released */
     if (!job || !pg->hmem)
         st = braid__error(BRAID_ERR_INTERNAL, "rank %d: cuda staging job without its state", pg->rank);
     if (st == BRAID_OK) {
@@ -472,22 +411,28 @@ braid_status braid__hmem_coll_run(braid_pg *pg, braid_coll *coll)
                               cudaGetErrorString(err));
         }
     }
-    if (st == BRAID_OK) {
-        /* Both kinds of job start after the work queued on the caller's
-         * stream before the call. */
-        cudaStream_t waiters[3] = {pg->hmem->d2h, pg->hmem->h2d, pg->hmem->comp};
+    /* Every kind of job starts after the work queued on the callers'
+     * streams before the call. */
+    cudaStream_t waiters[3] = {pg->hmem ? pg->hmem->d2h : NULL, pg->hmem ? pg->hmem->h2d : NULL,
+                               pg->hmem ? pg->hmem->comp : NULL};
+    for (int s = 0; st == BRAID_OK && s < job->nstreams; s++)
         for (int i = 0; i < 3 && st == BRAID_OK; i++) {
-            cudaError_t err = cudaStreamWaitEvent(waiters[i], job->ready, 0);
+            cudaError_t err = cudaStreamWaitEvent(waiters[i], job->ready[s], 0);
             if (err != cudaSuccess) {
                 (void)cudaGetLastError();
                 st = braid__error(BRAID_ERR_CUDA, "rank %d: cuda staging: cudaStreamWaitEvent failed: %s", pg->rank,
                                   cudaGetErrorString(err));
             }
         }
-    }
-    if (st == BRAID_OK) {
-        int ring = job->dring && braid__pg_allreduce_algo(pg, coll->count, coll->dtype) == BRAID_ALGO_RING;
-        st = ring ? braid__device_ring(pg, coll) : stage(pg, coll);
+    if (st == BRAID_OK && job->dring && coll->kind == BRAID_COLL_ALLREDUCE &&
+        braid__pg_allreduce_algo(pg, coll->count, coll->dtype) == BRAID_ALGO_RING) {
+        st = braid__device_ring(pg, coll);
+    } else if (st == BRAID_OK) {
+        pthread_mutex_lock(&braid__hmem_mu); /* the pool as it is now: a later growth retires it, never frees it */
+        void *pool[2] = {pg->hmem->pool[0], pg->hmem->pool[1]};
+        size_t pool_bytes = pg->hmem->pool_bytes;
+        pthread_mutex_unlock(&braid__hmem_mu);
+        st = braid__hmem_stage(pg, coll, pool, pool_bytes);
     }
     if (st != BRAID_OK && pg->hmem) {
         /* Leave no copy in flight into buffers the next job reuses. */
@@ -497,7 +442,5 @@ braid_status braid__hmem_coll_run(braid_pg *pg, braid_coll *coll)
         (void)cudaGetLastError();
         braid__pg_fail(pg, st); /* peers blocked on us fail now, not at their timeout */
     }
-    if (job)
-        gate_open(job);
-    return st;
+    return st; /* the gates open once the handle is done (braid__hmem_coll_done) or the job released */
 }

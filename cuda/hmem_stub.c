@@ -14,7 +14,7 @@ braid_status braid__hmem_submit(braid_pg *pg, const braid_coll *coll, void *cuda
 {
     if (cuda_stream)
         return braid__error(BRAID_ERR_UNSUPPORTED, "rank %d: %s: CUDA streams need a CUDA build", pg->rank,
-                            braid__coll_name(coll->kind));
+                            braid__coll_job_name(coll));
     return braid__work_submit(pg, coll, work);
 }
 
@@ -22,6 +22,11 @@ braid_status braid__hmem_coll_run(braid_pg *pg, braid_coll *coll)
 {
     (void)coll;
     return braid__error(BRAID_ERR_INTERNAL, "rank %d: cuda staging job in a build without CUDA", pg->rank);
+}
+
+void braid__hmem_coll_done(braid_coll *coll)
+{
+    (void)coll;
 }
 
 void braid__hmem_coll_release(braid_coll *coll)

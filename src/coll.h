@@ -51,7 +51,8 @@ typedef struct braid_coll {
     int premul;                  /* MULSUM: send is still to be multiplied by scalar (src/mulsum.c) */
     unsigned char scalar[8];     /* MULSUM: this rank's scalar, one element of dtype */
     const char *refused; /* set: this rank refused the call, for this reason; tell the peers (src/refuse.h) */
-    braid_mem send_mem, recv_mem; /* ALLREDUCE, BROADCAST: set at the entry (count > 0) */
+    braid_mem send_mem, recv_mem; /* set at the entry (count > 0; braid__coll_classify) */
+    void *stream; /* a call inside a group: the caller's CUDA stream (cudaStream_t), or NULL */
 } braid_coll;
 
 #endif

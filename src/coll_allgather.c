@@ -1,7 +1,9 @@
 /* Entry point of all-gather: argument checks with the caller's view of the
  * buffers (send may be this rank's own block of recv: in place), then the
- * executor (or the open group, which braid__work_submit records into). */
+ * executor (or the open group, which braid__work_submit records into);
+ * device buffers through the staging layer (hmem.h). */
 #include "coll_check.h"
+#include "hmem.h"
 #include "pg.h"
 #include "refuse.h"
 #include "status.h"
@@ -9,11 +11,9 @@
 static braid_status allgather_checked(braid_pg *pg, const void *send, void *recv, size_t sendcount, braid_dtype dtype,
                                        void *cuda_stream, braid_work **work)
 {
-    BRAID_CHECK(braid__check_common(pg, "allgather", sendcount, 1, dtype, cuda_stream));
+    BRAID_CHECK(braid__check_common(pg, "allgather", sendcount, 1, dtype));
     BRAID_CHECK(braid__check_ptr(pg, "allgather", "send", send, sendcount));
     BRAID_CHECK(braid__check_ptr(pg, "allgather", "recv", recv, sendcount));
-    BRAID_CHECK(braid__check_host(pg, "allgather", "send", send, sendcount));
-    BRAID_CHECK(braid__check_host(pg, "allgather", "recv", recv, sendcount));
     size_t bytes = sendcount * braid_dtype_size(dtype);
     const char *own = (const char *)recv + (size_t)pg->rank * bytes;
     if (send != own && braid__overlap(send, bytes, recv, bytes * (size_t)pg->size))
@@ -27,7 +27,8 @@ static braid_status allgather_checked(braid_pg *pg, const void *send, void *recv
                     .dtype = dtype,
                     .op = BRAID_SUM,
                     .root = -1};
-    return braid__work_submit(pg, &c, work);
+    braid__coll_classify(&c, NULL);
+    return braid__hmem_submit(pg, &c, cuda_stream, work); /* host memory: braid__work_submit */
 }
 
 BRAID_API braid_status braid_allgather(braid_pg *pg, const void *send, void *recv, size_t sendcount, braid_dtype dtype,

@@ -17,8 +17,7 @@ int braid__overlap(const void *a, size_t alen, const void *b, size_t blen)
 
 /* Checks every entry point shares. per_rank: the larger buffer holds one
  * count-sized block per rank, and its size must not overflow either. */
-braid_status braid__check_common(braid_pg *pg, const char *name, size_t count, int per_rank, braid_dtype dtype,
-                                 void *cuda_stream)
+braid_status braid__check_common(braid_pg *pg, const char *name, size_t count, int per_rank, braid_dtype dtype)
 {
     BRAID_CHECK(braid__pg_check_handle(pg, name));
     size_t blocks = per_rank ? (size_t)pg->size : 1;
@@ -27,25 +26,22 @@ braid_status braid__check_common(braid_pg *pg, const char *name, size_t count, i
         return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: invalid dtype %d", pg->rank, name, (int)dtype);
     if (count > SIZE_MAX / esize / 2 / blocks)
         return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: count %zu overflows", pg->rank, name, count);
-    if (cuda_stream)
-        return braid__error(BRAID_ERR_UNSUPPORTED,
-                            "rank %d: %s: takes no CUDA stream (only allreduce and broadcast run on CUDA streams)",
-                            pg->rank, name);
     return BRAID_OK;
 }
 
-/* These collectives run on host memory only: the CPU algorithms read and
- * write the buffers directly, which would fault on CUDA device memory.
- * Device buffers are refused up front (braid__mem_is_device makes no CUDA
- * call in a process that has no CUDA context). */
-braid_status braid__check_host(const braid_pg *pg, const char *name, const char *what, const void *p, size_t count)
+void braid__coll_classify(braid_coll *c, const braid_mem *mem)
 {
-    if (count > 0 && p && braid__mem_is_device(p))
-        return braid__error(BRAID_ERR_UNSUPPORTED,
-                            "rank %d: %s: %s is CUDA device memory, which %s does not take (only allreduce and "
-                            "broadcast do): copy it to host memory first",
-                            pg->rank, name, what, name);
-    return BRAID_OK;
+    if (c->count == 0)
+        return;
+    if (mem) {
+        c->send_mem = mem[0];
+        c->recv_mem = mem[1];
+        return;
+    }
+    if (c->send)
+        c->send_mem = braid__mem_of(c->send);
+    if (c->recv)
+        c->recv_mem = (const void *)c->recv == c->send ? c->send_mem : braid__mem_of(c->recv);
 }
 
 braid_status braid__check_op(const braid_pg *pg, const char *name, braid_op op, const void *scalar)

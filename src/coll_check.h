@@ -13,13 +13,14 @@
 /* 1 when [a, a+alen) and [b, b+blen) share a byte. */
 int braid__overlap(const void *a, size_t alen, const void *b, size_t blen);
 
-/* pg, dtype, count overflow (per_rank: the larger buffer holds one
- * count-sized block per rank) and no CUDA stream. */
-braid_status braid__check_common(braid_pg *pg, const char *name, size_t count, int per_rank, braid_dtype dtype,
-                                 void *cuda_stream);
+/* pg, dtype and count overflow (per_rank: the larger buffer holds one
+ * count-sized block per rank). */
+braid_status braid__check_common(braid_pg *pg, const char *name, size_t count, int per_rank, braid_dtype dtype);
 
-/* p is not CUDA device memory (these collectives run on host memory). */
-braid_status braid__check_host(const braid_pg *pg, const char *name, const char *what, const void *p, size_t count);
+/* Set c->send_mem and recv_mem (count > 0): from mem (mem[0] send, mem[1]
+ * recv) where the caller's entry classified the buffers already, else
+ * with the one classifier (braid__mem_of, hmem.h), once per buffer. */
+void braid__coll_classify(braid_coll *c, const braid_mem *mem);
 
 /* p is not NULL when count > 0. */
 braid_status braid__check_ptr(const braid_pg *pg, const char *name, const char *what, const void *p, size_t count);
@@ -51,6 +52,12 @@ braid_status braid__reduce_submit(braid_pg *pg, const void *send, void *recv, si
 braid_status braid__reduce_scatter_submit(braid_pg *pg, const void *send, void *recv, size_t recvcount,
                                           braid_dtype dtype, braid_op op, const void *scalar, void *cuda_stream,
                                           braid_work **work);
+
+/* braid_send (kind SEND) and braid_recv (RECV) for an entry that
+ * classified buf already (mem; NULL: classify here): all-to-all, gather
+ * and scatter (exchange.c) classify their two buffers once, not per peer. */
+braid_status braid__p2p_submit(braid_pg *pg, braid_coll_kind kind, const void *buf, size_t count, braid_dtype dtype,
+                               int peer, const braid_mem *mem, void *cuda_stream, braid_work **work);
 
 struct braid_coll;
 /* Record scalar in c (MULSUM: c->premul = 1); no-op when scalar is NULL. */

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 
 #include "coll_check.h"
+#include "hmem.h"
 #include "pg.h"
 #include "refuse.h"
 #include "status.h"
@@ -25,9 +26,11 @@ typedef struct {
 
 /* Record sends and receives (peer order, starting after this rank so that
  * rank r's first message goes to r+1, spreading the load), then run them
- * as one group that runs public call `call`. */
+ * as one group that runs public call `call`. mem: the memory of the
+ * buffers sends read (mem[0]) and receives write (mem[1]), classified once
+ * by the caller; device buffers run on cuda_stream (hmem.h). */
 static braid_status exchange_run(braid_pg *pg, const exchange_slot *slots, size_t count, braid_dtype dtype,
-                                 braid_coll_kind call, braid_work **work)
+                                 braid_coll_kind call, const braid_mem mem[2], void *cuda_stream, braid_work **work)
 {
     int n = pg->size, rank = pg->rank;
     if (work)
@@ -38,9 +41,11 @@ static braid_status exchange_run(braid_pg *pg, const exchange_slot *slots, size_
     for (int k = 0; k < n && st == BRAID_OK; k++) {
         int peer = (rank + k) % n;
         if (slots[peer].send)
-            st = braid_send(pg, slots[peer].send, count, dtype, peer, NULL, NULL);
+            st = braid__p2p_submit(pg, BRAID_COLL_SEND, slots[peer].send, count, dtype, peer, &mem[0], cuda_stream,
+                                   NULL);
         if (st == BRAID_OK && slots[peer].recv)
-            st = braid_recv(pg, slots[peer].recv, count, dtype, peer, NULL, NULL);
+            st = braid__p2p_submit(pg, BRAID_COLL_RECV, slots[peer].recv, count, dtype, peer, &mem[1], cuda_stream,
+                                   NULL);
     }
     /* The group is closed also when recording failed; then nothing runs
      * that the caller would have to wait for. */
@@ -50,9 +55,10 @@ static braid_status exchange_run(braid_pg *pg, const exchange_slot *slots, size_
 
 /* Run the plan and free it. */
 static braid_status exchange_with_plan(braid_pg *pg, exchange_slot *slots, size_t count, braid_dtype dtype,
-                                       braid_coll_kind call, braid_work **work)
+                                       braid_coll_kind call, const braid_mem mem[2], void *cuda_stream,
+                                       braid_work **work)
 {
-    braid_status st = exchange_run(pg, slots, count, dtype, call, work);
+    braid_status st = exchange_run(pg, slots, count, dtype, call, mem, cuda_stream, work);
     free(slots);
     return st;
 }
@@ -78,11 +84,9 @@ static braid_status alltoall_checked(braid_pg *pg, const void *send, void *recv,
                                      void *cuda_stream, braid_work **work)
 {
     const char *name = "alltoall";
-    BRAID_CHECK(braid__check_common(pg, name, count, 1, dtype, cuda_stream));
+    BRAID_CHECK(braid__check_common(pg, name, count, 1, dtype));
     BRAID_CHECK(braid__check_ptr(pg, name, "send", send, count));
     BRAID_CHECK(braid__check_ptr(pg, name, "recv", recv, count));
-    BRAID_CHECK(braid__check_host(pg, name, "send", send, count));
-    BRAID_CHECK(braid__check_host(pg, name, "recv", recv, count));
     size_t bytes = count * braid_dtype_size(dtype), total = bytes * (size_t)pg->size;
     /* Every block of recv is written while others of send are still to be
      * read: there is no in-place form (NCCL has none either). */
@@ -93,7 +97,10 @@ static braid_status alltoall_checked(braid_pg *pg, const void *send, void *recv,
     BRAID_CHECK(slots_alloc(pg, name, &slots));
     for (int p = 0; p < pg->size; p++)
         slots[p] = (exchange_slot){(const char *)send + (size_t)p * bytes, (char *)recv + (size_t)p * bytes};
-    return exchange_with_plan(pg, slots, count, dtype, BRAID_COLL_ALLTOALL, work);
+    braid_mem mem[2] = {{0, 0}, {0, 0}};
+    if (count > 0)
+        mem[0] = braid__mem_of(send), mem[1] = braid__mem_of(recv);
+    return exchange_with_plan(pg, slots, count, dtype, BRAID_COLL_ALLTOALL, mem, cuda_stream, work);
 }
 
 /* Gather (gather = 1: every rank's `block` goes to the root's `all`) and
@@ -104,10 +111,9 @@ static braid_status rooted(braid_pg *pg, const char *name, int gather, const voi
                            braid_dtype dtype, int root, void *cuda_stream, braid_work **work)
 {
     const char *all_name = gather ? "recv" : "send", *block_name = gather ? "send" : "recv";
-    BRAID_CHECK(braid__check_common(pg, name, count, 1, dtype, cuda_stream));
+    BRAID_CHECK(braid__check_common(pg, name, count, 1, dtype));
     BRAID_CHECK(check_root(pg, name, root));
     BRAID_CHECK(braid__check_ptr(pg, name, block_name, block, count));
-    BRAID_CHECK(braid__check_host(pg, name, block_name, block, count));
     size_t bytes = count * braid_dtype_size(dtype);
     /* all is only valid on the root (NULL elsewhere, as NCCL allows) */
     int in_place = pg->rank == root && all && (const char *)block == (const char *)all + (size_t)root * bytes;
@@ -115,7 +121,6 @@ static braid_status rooted(braid_pg *pg, const char *name, int gather, const voi
         char what[32];
         snprintf(what, sizeof(what), "%s on the root", all_name);
         BRAID_CHECK(braid__check_ptr(pg, name, what, all, count));
-        BRAID_CHECK(braid__check_host(pg, name, all_name, all, count));
         if (!in_place && braid__overlap(block, bytes, all, bytes * (size_t)pg->size))
             return braid__error(BRAID_ERR_INVALID_ARG,
                                 "rank %d: %s: %s overlaps %s without being its block %d (in place)", pg->rank, name,
@@ -139,7 +144,12 @@ static braid_status rooted(braid_pg *pg, const char *name, int gather, const voi
         else
             slots[root].recv = (char *)block;
     }
-    return exchange_with_plan(pg, slots, count, dtype, gather ? BRAID_COLL_GATHER : BRAID_COLL_SCATTER, work);
+    /* The buffers sends read and receives write, each classified once. */
+    braid_mem block_mem = count ? braid__mem_of(block) : (braid_mem){0, 0};
+    braid_mem all_mem = count && pg->rank == root ? braid__mem_of(all) : (braid_mem){0, 0};
+    braid_mem mem[2] = {gather ? block_mem : all_mem, gather ? all_mem : block_mem};
+    return exchange_with_plan(pg, slots, count, dtype, gather ? BRAID_COLL_GATHER : BRAID_COLL_SCATTER, mem,
+                              cuda_stream, work);
 }
 
 /* A call its checks refuse is refused to the peers as well (refuse.h). */

@@ -102,7 +102,7 @@ braid_status braid__group_end(braid_pg *pg, braid_coll_kind call, braid_work **w
         braid__coll_release(&job);
         return BRAID_OK;
     }
-    return braid__work_submit(pg, &job, work);
+    return braid__hmem_submit(pg, &job, NULL, work); /* device buffers: staged, after their streams */
 }
 
 int braid__group_capture_locked(braid_pg *pg, const braid_coll *coll, braid_work **work, braid_status *st)

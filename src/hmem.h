@@ -34,18 +34,26 @@ static inline int braid__mem_is_device(const void *p)
     return braid__mem_of(p).device_mem;
 }
 
-/* Entry point for allreduce and broadcast (pg.c), after argument checks,
- * with coll->send_mem and recv_mem set: host buffers with no stream go
- * straight to braid__work_submit(); device buffers get a staging job
- * ordered after the work already on cuda_stream (and, for work != NULL,
+/* Entry point of every call (after argument checks, with coll->send_mem
+ * and recv_mem set) and of braid_group_end (coll a GROUP, owned, its ops
+ * carrying their streams): host buffers with no stream go straight to
+ * braid__work_submit(); inside the caller's open group the call is
+ * recorded with its stream; device buffers get a staging job ordered
+ * after the work already on cuda_stream (and, for work != NULL,
  * cuda_stream is made to wait for the result). */
 braid_status braid__hmem_submit(braid_pg *pg, const braid_coll *coll, void *cuda_stream, braid_work **work);
 
 /* Run a staging job (coll->hmem != NULL) on the executor: the device ring
  * for all-reduces above one piece on device buffers, else copies down,
- * runs the host algorithm per piece through braid__coll_run(), copies
+ * runs the host algorithm per piece through braid__coll_run() (a group:
+ * per segment, cuda/hmem_stage.c), copies
  * back; then releases the caller's stream. Called by braid__coll_run(). */
 braid_status braid__hmem_coll_run(braid_pg *pg, braid_coll *coll);
+
+/* The executor marked the job's work handle done: let the callers'
+ * streams go on (a handle polled after its stream synchronized reads
+ * done). Idempotent; the release does it too. */
+void braid__hmem_coll_done(braid_coll *coll);
 
 /* Drop the job's staging state; a job that never ran still releases the
  * caller's stream here (its data is left as it was). Idempotent. */

@@ -81,10 +81,6 @@ static braid_status allreduce_checked(braid_pg *pg, const void *send, void *recv
         mem[0] = send ? braid__mem_of(send) : mem[0];
         mem[1] = !recv ? mem[1] : (const void *)recv == send ? mem[0] : braid__mem_of(recv);
     }
-    if (mem[0].device_mem || mem[1].device_mem)
-        return braid__error(BRAID_ERR_UNSUPPORTED,
-                            "rank %d: %s: CUDA device buffers are not supported yet: copy them to host memory",
-                            pg->rank, name);
     return braid__allreduce_submit(pg, name, send, recv, count, dtype, BRAID_MULSUM, scalar, mem, cuda_stream, work);
 }
 

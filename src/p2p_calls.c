@@ -3,16 +3,16 @@
  * oneself meets its matching receive). A call refused outside a group is
  * told to the peers, as a refused collective is (refuse.h). */
 #include "coll_check.h"
+#include "hmem.h"
 #include "pg.h"
 #include "refuse.h"
 #include "status.h"
 
 static braid_status check_p2p(braid_pg *pg, const char *name, const void *buf, size_t count, braid_dtype dtype,
-                              int peer, void *cuda_stream)
+                              int peer)
 {
-    BRAID_CHECK(braid__check_common(pg, name, count, 0, dtype, cuda_stream));
+    BRAID_CHECK(braid__check_common(pg, name, count, 0, dtype));
     BRAID_CHECK(braid__check_ptr(pg, name, "buf", buf, count));
-    BRAID_CHECK(braid__check_host(pg, name, "buf", buf, count));
     if (peer < 0 || peer >= pg->size)
         return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: peer %d out of range [0, %d)", pg->rank, name, peer,
                             pg->size);
@@ -25,37 +25,38 @@ static braid_status check_p2p(braid_pg *pg, const char *name, const void *buf, s
     return BRAID_OK;
 }
 
-/* Checked, then queued; refused, the partner (maybe blocked on this call)
- * learns why. */
-static braid_status submit_p2p(braid_pg *pg, const char *name, const void *buf, braid_coll *c, void *cuda_stream,
-                               braid_work **work)
+/* Checked, then queued (device buffers through the staging layer,
+ * hmem.h); refused, the partner (maybe blocked on this call) learns why. */
+braid_status braid__p2p_submit(braid_pg *pg, braid_coll_kind kind, const void *buf, size_t count, braid_dtype dtype,
+                               int peer, const braid_mem *mem, void *cuda_stream, braid_work **work)
 {
-    braid_status st = check_p2p(pg, name, buf, c->count, c->dtype, c->peer, cuda_stream);
-    return st == BRAID_OK ? braid__work_submit(pg, c, work) : braid__coll_refuse(pg, c, st);
+    int send = kind == BRAID_COLL_SEND;
+    braid_coll c = {.kind = kind,
+                    .send = send ? buf : NULL,
+                    .recv = send ? NULL : (void *)buf,
+                    .count = count,
+                    .dtype = dtype,
+                    .op = BRAID_SUM,
+                    .root = -1,
+                    .peer = peer};
+    braid_status st = check_p2p(pg, send ? "send" : "recv", buf, count, dtype, peer);
+    if (st != BRAID_OK)
+        return braid__coll_refuse(pg, &c, st);
+    braid_mem m[2] = {{0, 0}, {0, 0}};
+    if (mem)
+        m[send ? 0 : 1] = *mem;
+    braid__coll_classify(&c, mem ? m : NULL);
+    return braid__hmem_submit(pg, &c, cuda_stream, work);
 }
 
 BRAID_API braid_status braid_send(braid_pg *pg, const void *buf, size_t count, braid_dtype dtype, int peer,
                                   void *cuda_stream, braid_work **work)
 {
-    braid_coll c = {.kind = BRAID_COLL_SEND,
-                    .send = buf,
-                    .count = count,
-                    .dtype = dtype,
-                    .op = BRAID_SUM,
-                    .root = -1,
-                    .peer = peer};
-    return submit_p2p(pg, "send", buf, &c, cuda_stream, work);
+    return braid__p2p_submit(pg, BRAID_COLL_SEND, buf, count, dtype, peer, NULL, cuda_stream, work);
 }
 
 BRAID_API braid_status braid_recv(braid_pg *pg, void *buf, size_t count, braid_dtype dtype, int peer, void *cuda_stream,
                                   braid_work **work)
 {
-    braid_coll c = {.kind = BRAID_COLL_RECV,
-                    .recv = buf,
-                    .count = count,
-                    .dtype = dtype,
-                    .op = BRAID_SUM,
-                    .root = -1,
-                    .peer = peer};
-    return submit_p2p(pg, "recv", buf, &c, cuda_stream, work);
+    return braid__p2p_submit(pg, BRAID_COLL_RECV, buf, count, dtype, peer, NULL, cuda_stream, work);
 }

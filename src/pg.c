@@ -314,15 +314,6 @@ static braid_status allreduce_checked(braid_pg *pg, const void *send, void *recv
     return braid__allreduce_submit(pg, "allreduce", send, recv, count, dtype, op, NULL, mem, cuda_stream, work);
 }
 
-/* The buffers' memory, classified here unless the caller's entry did. */
-static void classify(braid_coll *c, const braid_mem *mem)
-{
-    if (c->count == 0)
-        return;
-    c->send_mem = mem ? mem[0] : braid__mem_of(c->send);
-    c->recv_mem = mem ? mem[1] : (const void *)c->recv == c->send ? c->send_mem : braid__mem_of(c->recv);
-}
-
 braid_status braid__allreduce_submit(braid_pg *pg, const char *name, const void *send, void *recv, size_t count,
                                      braid_dtype dtype, braid_op op, const void *scalar, const braid_mem *mem,
                                      void *cuda_stream, braid_work **work)
@@ -336,7 +327,7 @@ braid_status braid__allreduce_submit(braid_pg *pg, const char *name, const void 
                             pg->rank, name);
     braid_coll c = {.kind = BRAID_COLL_ALLREDUCE, .send = send, .recv = recv, .count = count, .dtype = dtype,
                     .op = op, .root = -1};
-    classify(&c, mem);
+    braid__coll_classify(&c, mem);
     braid__mulsum_arm(&c, scalar);
     return braid__hmem_submit(pg, &c, cuda_stream, work); /* host memory: braid__work_submit */
 }
@@ -350,7 +341,7 @@ static braid_status broadcast_checked(braid_pg *pg, void *buf, size_t count, bra
                             pg->size);
     braid_coll c = {.kind = BRAID_COLL_BROADCAST, .send = buf, .recv = buf, .count = count, .dtype = dtype,
                     .op = BRAID_SUM, .root = root};
-    classify(&c, mem);
+    braid__coll_classify(&c, mem);
     return braid__hmem_submit(pg, &c, cuda_stream, work); /* host memory: braid__work_submit */
 }
 

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "clock.h"
+#include "hmem.h"
 #include "log.h"
 #include "pg.h"
 #include "status.h"
@@ -60,6 +61,7 @@ static void *progress_main(void *arg)
         pg->busy = 0;
         work_complete_locked(pg, w, st, braid_last_error());
         pthread_mutex_unlock(&pg->mu);
+        braid__hmem_coll_done(&w->coll); /* the caller's streams go on once the handle says done */
         work_unref(w);
         pthread_mutex_lock(&pg->mu);
     }
@@ -67,6 +69,7 @@ static void *progress_main(void *arg)
     braid_work *w;
     while ((w = queue_pop_locked(pg)) != NULL) {
         work_complete_locked(pg, w, BRAID_ERR_ABORTED, "BRAID_ERR_ABORTED: process group destroyed before the call ran");
+        braid__hmem_coll_done(&w->coll);
         work_unref(w);
     }
     pthread_mutex_unlock(&pg->mu);

@@ -843,6 +843,20 @@ cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, enum cudaMemcpyKin
     return cudaSuccess;
 }
 
+/* As height row copies on the stream, which is what it does. */
+cudaError_t cudaMemcpy2DAsync(void *d, size_t dpitch, const void *s, size_t spitch, size_t width, size_t height,
+                              enum cudaMemcpyKind k, cudaStream_t st)
+{
+    if (width > dpitch || width > spitch)
+        return cudaErrorInvalidValue;
+    for (size_t r = 0; r < height; r++) {
+        cudaError_t err = cudaMemcpyAsync((char *)d + r * dpitch, (const char *)s + r * spitch, width, k, st);
+        if (err != cudaSuccess)
+            return err;
+    }
+    return cudaSuccess;
+}
+
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
 {
     GUARD();

@@ -9,10 +9,11 @@
  * staging piece and several (src/hmem.h; above one piece all-reduce runs
  * as the device ring with kernels), a host rank in a device ring, blocking calls, work handles
  * with the caller's stream ordered both ways (an unsynchronized copy in
- * before the call, a copy out after it), the legacy default stream, and
- * device buffers inside a group (refused), a call on an aborted group
- * (fails, and does not hold the caller's stream), the other collectives
- * refusing device memory, and the bucketer on device gradients.
+ * before the call, a copy out after it), the legacy default stream, a
+ * call on an aborted group (fails, and does not hold the caller's stream),
+ * every other collective, send/recv and groups of them on device buffers
+ * (kinds_*: against the same calls on host buffers, with no byte through
+ * pageable memory on the stand-in), and the bucketer on device gradients.
  *
  * Exits 77 (meson: skipped) with braid__cuda_unavailable_reason() when the
  * build has no CUDA or the machine no usable device. CUDA does not survive
@@ -49,6 +50,7 @@ unsigned long cuda_fake_kernel_launches(void); /* tests/cuda_fake.c */
 unsigned long cuda_fake_devcoll_launches(void); /* tests/cuda_fake_devcoll.c */
 unsigned long cuda_fake_copies(void);           /* tests/cuda_fake.c */
 unsigned long long cuda_fake_d2h_bytes(void);   /* tests/cuda_fake.c */
+unsigned long long cuda_fake_pageable_bytes(void); /* tests/cuda_fake.c */
 #endif
 
 static const braid_dtype all_dtypes[] = {BRAID_F32, BRAID_F64, BRAID_F16, BRAID_BF16,
@@ -432,55 +434,195 @@ static int queue_body(braid_pg *pg, void *arg)
     return 0;
 }
 
-/* Device buffers inside a group are refused; the group still works. */
-static int group_body(braid_pg *pg, void *arg)
+/* ---- every collective, send/recv and groups on device buffers ---------- */
+
+/* One call of a kind: send and recv are the case's two buffers (the same
+ * one for an in-place case), c its count, on stream with work handle w. */
+typedef braid_status (*kind_fn)(braid_pg *pg, int32_t *send, int32_t *recv, size_t c, void *stream, braid_work **w);
+
+static braid_status k_reduce(braid_pg *pg, int32_t *s, int32_t *r, size_t c, void *st, braid_work **w)
+{
+    return braid_reduce(pg, s, r, c, BRAID_I32, BRAID_SUM, 1 % braid_pg_size(pg), st, w);
+}
+static braid_status k_reduce_ip(braid_pg *pg, int32_t *b, int32_t *r, size_t c, void *st, braid_work **w)
+{
+    (void)r;
+    return braid_reduce(pg, b, b, c, BRAID_I32, BRAID_MAX, 0, st, w);
+}
+static braid_status k_allgather(braid_pg *pg, int32_t *s, int32_t *r, size_t c, void *st, braid_work **w)
+{
+    return braid_allgather(pg, s, r, c, BRAID_I32, st, w);
+}
+static braid_status k_allgather_ip(braid_pg *pg, int32_t *b, int32_t *r, size_t c, void *st, braid_work **w)
+{
+    (void)r;
+    return braid_allgather(pg, b + (size_t)braid_pg_rank(pg) * c, b, c, BRAID_I32, st, w);
+}
+static braid_status k_rs(braid_pg *pg, int32_t *s, int32_t *r, size_t c, void *st, braid_work **w)
+{
+    return braid_reduce_scatter(pg, s, r, c, BRAID_I32, BRAID_MAX, st, w);
+}
+static braid_status k_rs_ip(braid_pg *pg, int32_t *b, int32_t *r, size_t c, void *st, braid_work **w)
+{
+    (void)r;
+    return braid_reduce_scatter(pg, b, b + (size_t)braid_pg_rank(pg) * c, c, BRAID_I32, BRAID_SUM, st, w);
+}
+static braid_status k_rs_mulsum(braid_pg *pg, int32_t *s, int32_t *r, size_t c, void *st, braid_work **w)
+{
+    int32_t scalar = braid_pg_rank(pg) + 2;
+    return braid_reduce_scatter_mulsum(pg, s, r, c, BRAID_I32, &scalar, st, w);
+}
+static braid_status k_alltoall(braid_pg *pg, int32_t *s, int32_t *r, size_t c, void *st, braid_work **w)
+{
+    return braid_alltoall(pg, s, r, c, BRAID_I32, st, w);
+}
+static braid_status k_gather(braid_pg *pg, int32_t *s, int32_t *r, size_t c, void *st, braid_work **w)
+{
+    return braid_gather(pg, s, r, c, BRAID_I32, 0, st, w);
+}
+static braid_status k_scatter(braid_pg *pg, int32_t *s, int32_t *r, size_t c, void *st, braid_work **w)
+{
+    return braid_scatter(pg, s, r, c, BRAID_I32, braid_pg_size(pg) - 1, st, w);
+}
+/* Both ways round the ring in one group, sends first. */
+static braid_status k_ring(braid_pg *pg, int32_t *s, int32_t *r, size_t c, void *st, braid_work **w)
+{
+    int rank = braid_pg_rank(pg), n = braid_pg_size(pg), next = (rank + 1) % n, prev = (rank + n - 1) % n;
+    braid_status e = braid_group_start(pg);
+    if (e == BRAID_OK)
+        e = braid_send(pg, s, c, BRAID_I32, next, st, NULL);
+    if (e == BRAID_OK)
+        e = braid_send(pg, s + c, c, BRAID_I32, prev, st, NULL);
+    if (e == BRAID_OK)
+        e = braid_recv(pg, r, c, BRAID_I32, prev, st, NULL);
+    if (e == BRAID_OK)
+        e = braid_recv(pg, r + c, c, BRAID_I32, next, st, NULL);
+    braid_status end = braid_group_end(pg, w);
+    return e != BRAID_OK ? e : end;
+}
+/* Collectives of several kinds in one group, with a second stream. */
+static braid_status k_group(braid_pg *pg, int32_t *s, int32_t *r, size_t c, void *st, braid_work **w)
+{
+    static cudaStream_t st2;
+    if (!st2 && cudaStreamCreateWithFlags(&st2, cudaStreamNonBlocking) != cudaSuccess)
+        return BRAID_ERR_CUDA;
+    int device = braid__mem_is_device(s);
+    braid_status e = braid_group_start(pg);
+    if (e == BRAID_OK)
+        e = braid_allreduce(pg, s, r, c, BRAID_I32, BRAID_SUM, st, NULL);
+    if (e == BRAID_OK)
+        e = braid_allgather(pg, s + c, r + c, c, BRAID_I32, device ? (void *)st2 : st, NULL);
+    if (e == BRAID_OK)
+        e = braid_broadcast(pg, s + 2 * c, c, BRAID_I32, 0, st, NULL);
+    braid_status end = braid_group_end(pg, w);
+    if (device && cudaStreamSynchronize(st2) != cudaSuccess)
+        return BRAID_ERR_CUDA;
+    return e != BRAID_OK ? e : end;
+}
+
+typedef struct {
+    const char *name;
+    kind_fn fn;
+    int in_place; /* one buffer: send is recv */
+} kind_case;
+
+static const kind_case kind_cases[] = {
+    {"reduce", k_reduce, 0},       {"reduce in place", k_reduce_ip, 1},
+    {"allgather", k_allgather, 0}, {"allgather in place", k_allgather_ip, 1},
+    {"reduce_scatter", k_rs, 0},   {"reduce_scatter in place", k_rs_ip, 1},
+    {"reduce_scatter_mulsum", k_rs_mulsum, 0},
+    {"alltoall", k_alltoall, 0},   {"gather", k_gather, 0},
+    {"scatter", k_scatter, 0},     {"send/recv ring group", k_ring, 0},
+    {"group of collectives", k_group, 0},
+};
+
+static int32_t kind_input(int rank, size_t i)
+{
+    return (int32_t)((rank * 7919 + i * 31) % 2001) - 1000;
+}
+
+/* The case on host buffers (braid's CPU path: the reference), then on
+ * device buffers; both start from the same contents and must end equal
+ * over the whole of both buffers. */
+static int check_kind(braid_pg *pg, const kind_case *k, size_t c, int async)
+{
+    int rank = braid_pg_rank(pg), n = braid_pg_size(pg);
+    size_t elems = (size_t)(n + 2) * c, bytes = elems * sizeof(int32_t);
+    int32_t *hs = malloc(bytes), *hr = malloc(bytes), *in = NULL, *out = NULL;
+    if (!hs || !hr)
+        HARNESS_FAIL("rank %d: out of memory", rank);
+    CU(cudaMallocHost((void **)&in, 2 * bytes)); /* pinned: pageable copies are braid's alone */
+    CU(cudaMallocHost((void **)&out, 2 * bytes));
+    for (size_t i = 0; i < elems; i++) {
+        hs[i] = kind_input(rank, i);
+        hr[i] = k->in_place ? hs[i] : -7;
+    }
+    memcpy(in, hs, bytes);
+    memcpy(in + elems, hr, bytes);
+    if (k->fn(pg, hs, k->in_place ? hs : hr, c, NULL, NULL) != BRAID_OK)
+        HARNESS_FAIL("rank %d: host %s (count %zu): %s", rank, k->name, c, braid_last_error());
+
+    int32_t *ds, *dr;
+    cudaStream_t st;
+    CU(cudaMalloc((void **)&ds, bytes));
+    CU(cudaMalloc((void **)&dr, bytes));
+    CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    /* Not synchronized: the call must see these copies through the stream. */
+    CU(cudaMemcpyAsync(ds, in, bytes, cudaMemcpyHostToDevice, st));
+    CU(cudaMemcpyAsync(dr, in + elems, bytes, cudaMemcpyHostToDevice, st));
+#ifdef BRAID_CUDA_FAKE
+    unsigned long long before = cuda_fake_pageable_bytes();
+#endif
+    braid_work *w = NULL;
+    if (k->fn(pg, ds, k->in_place ? ds : dr, c, st, async ? &w : NULL) != BRAID_OK)
+        HARNESS_FAIL("rank %d: device %s (count %zu): %s", rank, k->name, c, braid_last_error());
+    /* Queued behind the call on the same stream: must see the results. */
+    CU(cudaMemcpyAsync(out, ds, bytes, cudaMemcpyDeviceToHost, st));
+    CU(cudaMemcpyAsync(out + elems, dr, bytes, cudaMemcpyDeviceToHost, st));
+    CU(cudaStreamSynchronize(st));
+    if (w) {
+        if (braid_wait(w, -1) != BRAID_OK)
+            HARNESS_FAIL("rank %d: wait for %s: %s", rank, k->name, braid_last_error());
+        braid_work_free(w);
+    }
+#ifdef BRAID_CUDA_FAKE
+    if (cuda_fake_pageable_bytes() != before)
+        HARNESS_FAIL("rank %d: device %s moved %llu bytes through pageable host memory", rank, k->name,
+                     cuda_fake_pageable_bytes() - before);
+#endif
+    for (size_t i = 0; i < 2 * elems; i++) {
+        int32_t want = i < elems ? hs[i] : k->in_place ? hs[i - elems] : hr[i - elems];
+        if (k->in_place && i >= elems)
+            break; /* one buffer: its copy in dr is untouched input */
+        if (out[i] != want)
+            HARNESS_FAIL("rank %d of %d: device %s (count %zu, %s) %s element %zu is %d, host path gives %d", rank, n,
+                         k->name, c, async ? "work handle" : "blocking", i < elems ? "send" : "recv",
+                         i % elems, out[i], want);
+    }
+    CU(cudaStreamDestroy(st));
+    CU(cudaFree(ds));
+    CU(cudaFree(dr));
+    CU(cudaFreeHost(in));
+    CU(cudaFreeHost(out));
+    free(hs);
+    free(hr);
+    return 0;
+}
+
+/* Every kind on device buffers, one piece and several (sends and receives
+ * cut at 1 MiB, the all-gather's and reduce-scatter's all-ranks side at
+ * 4 MiB), blocking and with a work handle, against the CPU path. */
+static int kinds_body(braid_pg *pg, void *arg)
 {
     (void)arg;
     int rank = braid_pg_rank(pg);
     if (pick_device(rank))
         return 1;
-    void *d;
-    CU(cudaMalloc(&d, 64));
-    if (braid_group_start(pg) != BRAID_OK)
-        HARNESS_FAIL("rank %d: group_start: %s", rank, braid_last_error());
-    braid_status st = braid_allreduce(pg, d, d, 16, BRAID_F32, BRAID_SUM, NULL, NULL);
-    if (st != BRAID_ERR_UNSUPPORTED)
-        HARNESS_FAIL("rank %d: device allreduce in a group returned %s, want BRAID_ERR_UNSUPPORTED", rank,
-                     braid_status_string(st));
-    if (braid_group_end(pg, NULL) != BRAID_OK)
-        HARNESS_FAIL("rank %d: group_end: %s", rank, braid_last_error());
-    CU(cudaFree(d));
-    return check_allreduce(pg, BRAID_F32, BRAID_SUM, 100, 1, MODE_BLOCKING, 200);
-}
-
-/* Reduce, all-gather, reduce-scatter, send and receive take host memory
- * only: device buffers are refused with UNSUPPORTED before anything runs
- * (the CPU algorithms would otherwise read device pointers), and the
- * group still works afterwards. */
-static int extras_body(braid_pg *pg, void *arg)
-{
-    (void)arg;
-    int rank = braid_pg_rank(pg), n = braid_pg_size(pg);
-    if (pick_device(rank))
-        return 1;
-    float *d = NULL, host[64];
-    CU(cudaMalloc((void **)&d, sizeof(float) * 64 * (size_t)n));
-    struct {
-        const char *what;
-        braid_status st;
-    } calls[] = {
-        {"reduce", braid_reduce(pg, d, d, 16, BRAID_F32, BRAID_SUM, 0, NULL, NULL)},
-        {"reduce to host", braid_reduce(pg, d, host, 16, BRAID_F32, BRAID_SUM, 0, NULL, NULL)},
-        {"allgather", braid_allgather(pg, host, d, 4, BRAID_F32, NULL, NULL)},
-        {"reduce_scatter", braid_reduce_scatter(pg, d, host, 4, BRAID_F32, BRAID_SUM, NULL, NULL)},
-        {"send", braid_send(pg, d, 4, BRAID_F32, (rank + 1) % n, NULL, NULL)},
-        {"recv", braid_recv(pg, d, 4, BRAID_F32, (rank + n - 1) % n, NULL, NULL)},
-    };
-    for (size_t i = 0; i < sizeof(calls) / sizeof(calls[0]); i++)
-        if (calls[i].st != BRAID_ERR_UNSUPPORTED)
-            HARNESS_FAIL("rank %d: %s on device memory returned %s, want BRAID_ERR_UNSUPPORTED", rank, calls[i].what,
-                         braid_status_string(calls[i].st));
-    CU(cudaFree(d));
+    const size_t counts[] = {1001, 600011};
+    for (size_t ci = 0; ci < 2; ci++)
+        for (size_t i = 0; i < sizeof(kind_cases) / sizeof(kind_cases[0]); i++)
+            if (check_kind(pg, &kind_cases[i], counts[ci], (int)((i + ci) & 1)))
+                return 1;
     return check_allreduce(pg, BRAID_I32, BRAID_SUM, 1000, 0, MODE_BLOCKING, 300);
 }
 
@@ -868,11 +1010,11 @@ START_TEST(threads_2) { run_ranks(1, threads_body, 120); }
 END_TEST
 START_TEST(crossed_2) { run_ranks(1, crossed_body, 120); }
 END_TEST
-START_TEST(group_2) { run_ranks(2, group_body, 120); }
-END_TEST
 START_TEST(abort_2) { run_ranks(2, abort_body, 120); }
 END_TEST
-START_TEST(extras_3) { run_ranks(3, extras_body, 120); }
+START_TEST(kinds_2) { run_ranks(2, kinds_body, 300); }
+END_TEST
+START_TEST(kinds_3) { run_ranks(3, kinds_body, 300); }
 END_TEST
 START_TEST(bucketer_3) { run_ranks(3, bucketer_body, 120); }
 END_TEST
@@ -931,8 +1073,8 @@ int main(void)
         const char *name;
         const TTest *test;
     } cases[] = {{"matrix_2", matrix_2}, {"matrix_3", matrix_3}, {"pieces_1", pieces_1}, {"pieces_2", pieces_2}, {"pieces_4", pieces_4},
-                 {"mixed_3", mixed_3},   {"queue_3", queue_3},   {"threads_2", threads_2},   {"group_2", group_2},   {"abort_2", abort_2},
-                 {"extras_3", extras_3}, {"bucketer_3", bucketer_3},
+                 {"mixed_3", mixed_3},   {"queue_3", queue_3},   {"threads_2", threads_2},   {"abort_2", abort_2},
+                 {"kinds_2", kinds_2},   {"kinds_3", kinds_3}, {"bucketer_3", bucketer_3},
 #ifdef BRAID_CUDA_FAKE
                  {"links_4", links_4},   {"noipc_3", noipc_3},
 #endif

@@ -123,9 +123,9 @@ static unsigned long long pageable_bytes(void)
 #endif
 }
 
-/* All-reduce and broadcast go through braid's device path: pinned staging
- * pieces, the device ring or kernels, never a pageable host copy. Waits
- * for the call first, so every copy its job made is counted. */
+/* Device calls go through braid's device path: pinned staging pieces, the
+ * device ring or kernels, never a pageable host copy. Waits for the call
+ * first, so every copy its job made is counted. */
 static int no_pageable(ctx *c, unsigned long long before, const char *call)
 {
     CU(cudaStreamSynchronize(c->s));
@@ -227,8 +227,9 @@ static int test_gather_scatter(ctx *c)
     /* All-gather, out of place and in place (own block of the output). */
     if (put(c, c->d0, COUNT, c->rank) || poison(c, c->d1, n * COUNT))
         return 1;
+    unsigned long long before = pageable_bytes();
     NC(ncclAllGather(c->d0, c->d1, COUNT, ncclInt32, c->comm, c->s));
-    if (fetch(c, c->d1, n * COUNT))
+    if (no_pageable(c, before, "ncclAllGather") || fetch(c, c->d1, n * COUNT))
         return 1;
     for (size_t r = 0; r < n; r++)
         for (size_t i = 0; i < COUNT; i++)
@@ -254,8 +255,9 @@ static int test_gather_scatter(ctx *c)
                 u[b * COUNT + i] = in_val(c->rank + (int)b, i);
         CU(cudaMemcpyAsync(c->d0, u, n * COUNT * 4, cudaMemcpyHostToDevice, c->s));
         int32_t *out = pass ? c->d0 + (size_t)c->rank * COUNT : c->d1;
+        before = pageable_bytes();
         NC(ncclReduceScatter(c->d0, out, COUNT, ncclInt32, ncclSum, c->comm, c->s));
-        if (fetch(c, out, COUNT))
+        if (no_pageable(c, before, "ncclReduceScatter") || fetch(c, out, COUNT))
             return 1;
         for (size_t i = 0; i < COUNT; i++) {
             int32_t want = 0;
@@ -278,13 +280,14 @@ static int test_send_recv(ctx *c)
     if (put(c, to_next, COUNT, c->rank) || put(c, to_prev, COUNT, c->rank + 1000) ||
         poison(c, from_prev, COUNT) || poison(c, from_next, COUNT))
         return 1;
+    unsigned long long before = pageable_bytes();
     NC(ncclGroupStart());
     NC(ncclSend(to_next, COUNT, ncclInt32, next, c->comm, c->s));
     NC(ncclSend(to_prev, COUNT, ncclInt32, prev, c->comm, c->s));
     NC(ncclRecv(from_prev, COUNT, ncclInt32, prev, c->comm, c->s));
     NC(ncclRecv(from_next, COUNT, ncclInt32, next, c->comm, c->s));
     NC(ncclGroupEnd());
-    if (fetch(c, c->d1, 2 * COUNT))
+    if (no_pageable(c, before, "grouped ncclSend/ncclRecv") || fetch(c, c->d1, 2 * COUNT))
         return 1;
     for (size_t i = 0; i < COUNT; i++)
         if (c->h[i] != in_val(prev, i) || c->h[COUNT + i] != in_val(next + 1000, i))
@@ -320,12 +323,13 @@ static int test_mixed(ctx *c)
     if (put(c, c->d0, COUNT, c->rank) || poison(c, g, (size_t)c->n * COUNT))
         return 1;
     CU(cudaStreamSynchronize(c->s));
+    unsigned long long before = pageable_bytes();
     NC(ncclGroupStart());
     NC(ncclAllReduce(c->d0, c->d0, COUNT, ncclInt32, ncclSum, c->comm, c->s));
     NC(ncclAllGather(c->d0, g, COUNT, ncclInt32, c->comm, s2)); /* after the all-reduce, in the group's order */
     NC(ncclGroupEnd());
     CU(cudaStreamSynchronize(s2));
-    if (fetch(c, g, (size_t)c->n * COUNT))
+    if (no_pageable(c, before, "a group of device collectives") || fetch(c, g, (size_t)c->n * COUNT))
         return 1;
     for (int r = 0; r < c->n; r++)
         for (size_t i = 0; i < COUNT; i++)
@@ -374,8 +378,9 @@ static int test_mixed(ctx *c)
     NC(ncclRedOpCreatePreMulSum(&pm, dk, ncclInt32, ncclScalarDevice, c->comm));
     if (put(c, c->d0, COUNT, c->rank))
         return 1;
+    before = pageable_bytes();
     NC(ncclAllReduce(c->d0, c->d1, COUNT, ncclInt32, pm, c->comm, c->s));
-    if (fetch(c, c->d1, COUNT))
+    if (no_pageable(c, before, "PreMulSum ncclAllReduce") || fetch(c, c->d1, COUNT))
         return 1;
     for (size_t i = 0; i < COUNT; i++)
         if (c->h[i] != 3 * sum_val(c->n, i))
@@ -424,10 +429,10 @@ static int test_mixed(ctx *c)
     return 0;
 }
 
-/* CUDA graph capture: a call on the device worker is refused at the call
- * (its gate would be baked into the graph and pass at once on replay), and
- * so is an all-reduce where device collectives are off (braid's staging
- * cannot be captured). With them on, the all-reduce is captured as one
+/* CUDA graph capture: a staged call is refused at the call (its gate
+ * would be baked into the graph and pass at once on replay, and its
+ * copies are not captured), and so is an all-reduce where device
+ * collectives are off. With them on, the all-reduce is captured as one
  * kernel, and the graph, replayed, gives the sum (on a GPU: the stand-in
  * records work under capture but does not replay graphs). */
 static int test_capture(ctx *c)

@@ -3,12 +3,12 @@
  *
  *  - inside a group, it is recorded and runs at the outermost ncclGroupEnd
  *    (nccl_group.c); nothing touches the buffers before that;
- *  - on CUDA device buffers, it is enqueued on the communicator's device
- *    worker (nccl_dev.c) with NCCL's stream semantics: ordered after the
- *    work already queued on `stream`, the stream waits for it, and the
- *    call returns at once;
+ *  - on CUDA device buffers, it goes to braid's device path (nccl_dev.c)
+ *    with NCCL's stream semantics: ordered after the work already queued
+ *    on `stream`, the stream waits for it, and the call returns once it
+ *    is queued;
  *  - on host buffers, it runs now and returns when done (after the
- *    worker's earlier calls, and after the work queued on `stream`).
+ *    communicator's earlier calls, and after the work queued on `stream`).
  *
  * Argument errors are returned by the call itself, as in NCCL; what braid
  * cannot do is ncclInvalidUsage. */
@@ -78,7 +78,6 @@ static ncclResult_t submit(ncclComm_t comm, nccl_op *op)
         return nccl__group_record(comm, op);
     if (op->device)
         return nccl__dev_submit(comm, op, 1);
-    nccl__dev_drain(comm); /* braid must see the calls in issue order */
     if (comm->conf.blocking)
         return nccl__exec_start(comm, op, 1, NULL);
     /* Nonblocking communicator: start the call and return ncclInProgress;

@@ -386,15 +386,12 @@ NCCL_API ncclResult_t ncclCommFinalize(ncclComm_t comm)
         return ncclInvalidUsage;
     /* Host calls completed before they returned; device calls are flushed
      * here (their streams are released as they complete). */
-    nccl__dev_drain(comm);
     nccl__inflight_wait(comm);
     nccl__dev_finish_kernels(comm);
     comm->finalized = 1;
     ncclResult_t async = (ncclResult_t)atomic_load(&comm->async_error);
     if (async != ncclSuccess) {
-        const char *text = nccl__dev_error(comm);
-        if (!text)
-            text = comm->async_text[0] ? comm->async_text : "(no detail)";
+        const char *text = comm->async_text[0] ? comm->async_text : "(no detail)";
         return nccl__fail(async, "ncclCommFinalize: an earlier call on device buffers failed: %s", text);
     }
     return ncclSuccess;
@@ -450,15 +447,12 @@ static ncclResult_t comm_release(ncclComm_t comm, int abort, const char *call)
     }
     /* Destroy lets the device calls already enqueued finish; abort makes
      * them fail at once (braid_pg_abort in quiesce). */
-    if (!abort) {
-        nccl__dev_drain(comm);
+    if (!abort)
         nccl__inflight_wait(comm);
-    }
     quiesce(comm, abort);
     nccl__inflight_wait(comm); /* aborted above on abort: they end at once */
     if (comm->pending)
         nccl__comm_settle(comm, 1); /* a nonblocking call; aborted above on abort */
-    nccl__dev_stop(comm);
     if (comm->pg)
         braid_pg_destroy(comm->pg);
     comm_free(comm);
@@ -491,13 +485,11 @@ NCCL_API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async
         *asyncError = comm->init_result;
         return ncclSuccess;
     }
+    nccl__inflight_reap(comm); /* first: a failed call names itself */
     nccl__dev_poll_kernels(comm);
-    nccl__inflight_reap(comm);
     ncclResult_t async = (ncclResult_t)atomic_load(&comm->async_error);
     if (async != ncclSuccess) {
-        const char *text = nccl__dev_error(comm);
-        if (!text)
-            text = comm->async_text[0] ? comm->async_text : "a call that returned before completing failed";
+        const char *text = comm->async_text[0] ? comm->async_text : "a call that returned before completing failed";
         nccl__fail(async, "%s", text); /* for ncclGetLastError */
         *asyncError = async;
         return ncclSuccess;

@@ -11,12 +11,11 @@ static ncclResult_t cuda_fail(cudaError_t err, const char *what, const char *cal
     return nccl__fail(ncclUnhandledCudaError, "%s: %s failed: %s", call, what, cudaGetErrorString(err));
 }
 
-/* Whether braid's own device path takes the batch: an all-reduce or a
- * broadcast outside a group (braid__hmem_submit: the device-collective
- * kernels where the group has them, else the device ring, else pinned
- * staging in pieces whose copies overlap the network). The rest
- * (collectives braid's device path has no form for, PreMulSum, groups)
- * stays on the worker. */
+/* Whether the batch is an all-reduce or a broadcast outside a group, which
+ * braid takes with its buffers classified already (braid__hmem_submit:
+ * the device-collective kernels where the group has them, else the device
+ * ring, else pinned staging in pieces whose copies overlap the network).
+ * The rest goes through nccl__exec_start. */
 int nccl__engine_takes(const nccl_op *ops, int n)
 {
     return n == 1 && !ops[0].pm.used && (ops[0].kind == NCCL_OP_ALLREDUCE || ops[0].kind == NCCL_OP_BROADCAST);
@@ -29,7 +28,6 @@ int nccl__engine_takes(const nccl_op *ops, int n)
  * NCCL's enqueue is on the communicator's. */
 ncclResult_t nccl__engine_submit(ncclComm_t comm, const nccl_op *op, int device)
 {
-    nccl__dev_drain(comm); /* the worker's earlier calls reach braid first */
     int cur = -1;
     cudaError_t err = cudaGetDevice(&cur);
     if (err == cudaSuccess && cur != device)
@@ -38,7 +36,7 @@ ncclResult_t nccl__engine_submit(ncclComm_t comm, const nccl_op *op, int device)
         return cuda_fail(err, "cudaSetDevice", op->call);
     braid_work *w = NULL;
     braid_status st = BRAID_OK;
-    size_t bytes = op->count * braid_dtype_size(op->dtype);
+    ncclResult_t r = ncclSuccess;
     if (op->kind == NCCL_OP_ALLREDUCE) {
         braid_mem mem[2] = {op->send_mem, op->recv_mem};
         st = braid__allreduce_classified(comm->pg, op->send, op->recv, op->count, op->dtype, op->op, mem, op->stream,
@@ -46,16 +44,16 @@ ncclResult_t nccl__engine_submit(ncclComm_t comm, const nccl_op *op, int device)
     } else {
         /* braid broadcasts in place: the root's input goes to its output
          * first, on the caller's stream, so braid's call is ordered after it. */
-        if (comm->rank == op->root && bytes && (const void *)op->recv != op->send)
-            err = cudaMemcpyAsync(op->recv, op->send, bytes, cudaMemcpyDefault, op->stream);
+        if (comm->rank == op->root && op->count && (const void *)op->recv != op->send)
+            r = nccl__dev_root_copy(op);
         braid_mem mem[2] = {op->recv_mem, op->recv_mem}; /* in place on recv */
-        if (err == cudaSuccess)
+        if (r == ncclSuccess)
             st = braid__broadcast_classified(comm->pg, op->recv, op->count, op->dtype, op->root, mem, op->stream, &w);
     }
     if (cur >= 0 && cur != device)
         (void)cudaSetDevice(cur);
-    if (err != cudaSuccess)
-        return cuda_fail(err, "cudaMemcpyAsync (broadcast root's input)", op->call);
+    if (r != ncclSuccess)
+        return r;
     if (st != BRAID_OK)
         return nccl__from_braid(st, op->call);
     return nccl__inflight_add(comm, w, op->call);

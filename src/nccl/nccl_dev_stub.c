@@ -10,7 +10,7 @@ ncclResult_t nccl__dev_check(const void *p, const char *what, const char *call)
     return nccl__check_host(p, what, call);
 }
 
-ncclResult_t nccl__dev_submit(ncclComm_t comm, const nccl_op *ops, int n)
+ncclResult_t nccl__dev_submit(ncclComm_t comm, nccl_op *ops, int n)
 {
     (void)comm;
     (void)n;
@@ -27,25 +27,14 @@ void nccl__dev_poll_kernels(ncclComm_t comm)
     (void)comm;
 }
 
-void nccl__dev_drain(ncclComm_t comm)
-{
-    (void)comm;
-}
-
 void nccl__dev_attach(ncclComm_t comm)
 {
     (void)comm;
 }
 
-void nccl__dev_stop(ncclComm_t comm)
+ncclResult_t nccl__dev_root_copy(const nccl_op *op)
 {
-    (void)comm;
-}
-
-const char *nccl__dev_error(ncclComm_t comm)
-{
-    (void)comm;
-    return NULL;
+    return nccl__fail(ncclInternalError, "%s: no device path in this build", op->call);
 }
 
 /* Page-aligned host memory (like NCCL's granularity), never a NULL success. */

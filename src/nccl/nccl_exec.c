@@ -1,5 +1,5 @@
-/* Running checked calls (nccl_op) on host memory: the caller's own host
- * buffers, or the device worker's staged copies of device buffers.
+/* Running checked calls (nccl_op) on braid: host buffers as they are,
+ * device buffers on the op's stream (braid's device path, hmem.h).
  *
  * Work on the caller's buffers happens here, when the call runs, never
  * when it is recorded: a broadcast root's input is copied to its output
@@ -73,45 +73,52 @@ static int is_p2p(const nccl_op *op)
 }
 
 /* Work on the buffers that must precede braid's call. */
-static void prepare(ncclComm_t comm, nccl_op *op)
+static ncclResult_t prepare(ncclComm_t comm, nccl_op *op)
 {
     /* braid broadcasts in place: the root's input goes to its output first. */
-    if (op->kind == NCCL_OP_BROADCAST && comm->rank == op->root && op->count && op->send != op->recv)
-        memmove(op->recv, op->send, op->count * braid_dtype_size(op->dtype));
+    if (op->kind != NCCL_OP_BROADCAST || comm->rank != op->root || !op->count || op->send == op->recv)
+        return ncclSuccess;
+    if (op->device)
+        return nccl__dev_root_copy(op);
+    memmove(op->recv, op->send, op->count * braid_dtype_size(op->dtype));
+    return ncclSuccess;
 }
 
+/* The call on braid; device ops on their stream (NULL for host ops, whose
+ * stream exec_start waited for). */
 static braid_status issue(ncclComm_t comm, const nccl_op *op)
 {
     braid_pg *pg = comm->pg;
+    void *st = op->device ? (void *)op->stream : NULL;
     switch (op->kind) {
     case NCCL_OP_ALLREDUCE:
         if (op->pm.used)
-            return braid_allreduce_mulsum(pg, op->send, op->recv, op->count, op->dtype, op->pm.scalar, NULL, NULL);
-        return braid_allreduce(pg, op->send, op->recv, op->count, op->dtype, op->op, NULL, NULL);
+            return braid_allreduce_mulsum(pg, op->send, op->recv, op->count, op->dtype, op->pm.scalar, st, NULL);
+        return braid_allreduce(pg, op->send, op->recv, op->count, op->dtype, op->op, st, NULL);
     case NCCL_OP_REDUCE:
         if (op->pm.used)
-            return braid_reduce_mulsum(pg, op->send, op->recv, op->count, op->dtype, op->pm.scalar, op->root, NULL,
+            return braid_reduce_mulsum(pg, op->send, op->recv, op->count, op->dtype, op->pm.scalar, op->root, st,
                                        NULL);
-        return braid_reduce(pg, op->send, op->recv, op->count, op->dtype, op->op, op->root, NULL, NULL);
+        return braid_reduce(pg, op->send, op->recv, op->count, op->dtype, op->op, op->root, st, NULL);
     case NCCL_OP_REDUCE_SCATTER:
         if (op->pm.used)
-            return braid_reduce_scatter_mulsum(pg, op->send, op->recv, op->count, op->dtype, op->pm.scalar, NULL,
+            return braid_reduce_scatter_mulsum(pg, op->send, op->recv, op->count, op->dtype, op->pm.scalar, st,
                                                NULL);
-        return braid_reduce_scatter(pg, op->send, op->recv, op->count, op->dtype, op->op, NULL, NULL);
+        return braid_reduce_scatter(pg, op->send, op->recv, op->count, op->dtype, op->op, st, NULL);
     case NCCL_OP_ALLGATHER:
-        return braid_allgather(pg, op->send, op->recv, op->count, op->dtype, NULL, NULL);
+        return braid_allgather(pg, op->send, op->recv, op->count, op->dtype, st, NULL);
     case NCCL_OP_BROADCAST:
-        return braid_broadcast(pg, op->recv, op->count, op->dtype, op->root, NULL, NULL);
+        return braid_broadcast(pg, op->recv, op->count, op->dtype, op->root, st, NULL);
     case NCCL_OP_SEND:
-        return braid_send(pg, op->send, op->count, op->dtype, op->root, NULL, NULL);
+        return braid_send(pg, op->send, op->count, op->dtype, op->root, st, NULL);
     case NCCL_OP_RECV:
-        return braid_recv(pg, op->recv, op->count, op->dtype, op->root, NULL, NULL);
+        return braid_recv(pg, op->recv, op->count, op->dtype, op->root, st, NULL);
     case NCCL_OP_ALLTOALL:
-        return braid_alltoall(pg, op->send, op->recv, op->count, op->dtype, NULL, NULL);
+        return braid_alltoall(pg, op->send, op->recv, op->count, op->dtype, st, NULL);
     case NCCL_OP_GATHER:
-        return braid_gather(pg, op->send, op->recv, op->count, op->dtype, op->root, NULL, NULL);
+        return braid_gather(pg, op->send, op->recv, op->count, op->dtype, op->root, st, NULL);
     case NCCL_OP_SCATTER:
-        return braid_scatter(pg, op->send, op->recv, op->count, op->dtype, op->root, NULL, NULL);
+        return braid_scatter(pg, op->send, op->recv, op->count, op->dtype, op->root, st, NULL);
     }
     return BRAID_ERR_INTERNAL;
 }
@@ -131,8 +138,10 @@ ncclResult_t nccl__exec_start(ncclComm_t comm, nccl_op *ops, int n, braid_work *
             r = nccl__stream_sync(ops[i].stream, ops[i].call);
     if (r != ncclSuccess)
         return r;
-    for (int i = 0; i < n; i++)
-        prepare(comm, &ops[i]);
+    for (int i = 0; i < n && r == ncclSuccess; i++)
+        r = prepare(comm, &ops[i]);
+    if (r != ncclSuccess)
+        return r;
     if (n == 1 && !work)
         return nccl__from_braid(issue(comm, &ops[0]), ops[0].call);
     const char *call = n == 1 ? ops[0].call : "ncclGroupEnd";

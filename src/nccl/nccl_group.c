@@ -5,8 +5,8 @@
  * nest by depth). That end first creates the communicators whose init was
  * deferred, then runs each communicator's calls as one batch
  * (nccl__exec_start: collectives in order, then every send and receive
- * together): a batch with device buffers goes to the communicator's device
- * worker and completes on its streams; host batches of several
+ * together): a batch with device buffers goes to braid's device path and
+ * completes on its streams; host batches of several
  * communicators are started together and waited for together, since one
  * thread driving several ranks of a clique would otherwise wait on
  * itself.
@@ -166,7 +166,6 @@ static ncclResult_t run_batches(void)
             comm_batch *b = &tls.batches[i];
             if (b->device)
                 continue;
-            nccl__dev_drain(b->comm);
             if ((e = nccl__exec_start(b->comm, b->ops, b->n, NULL)) != ncclSuccess && r == ncclSuccess)
                 r = e;
         }
@@ -184,7 +183,6 @@ static ncclResult_t run_batches(void)
         comm_batch *b = &tls.batches[i];
         if (b->device)
             continue;
-        nccl__dev_drain(b->comm);
         e = nccl__exec_start(b->comm, b->ops, b->n, &works[i]);
         started[i] = e == ncclSuccess;
         if (e != ncclSuccess && r == ncclSuccess)

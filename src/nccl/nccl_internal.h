@@ -42,8 +42,8 @@ typedef enum {
     NCCL_OP_SCATTER,
 } nccl_op_kind;
 
-/* One checked call, as recorded: run at once, at ncclGroupEnd, or by the
- * communicator's device worker. Buffers are the caller's until it runs. */
+/* One checked call, as recorded: run at once or at ncclGroupEnd, on host
+ * memory or on braid's device path. Buffers are the caller's until it runs. */
 typedef struct {
     nccl_op_kind kind;
     const char *call; /* "ncclAllReduce" ... */
@@ -58,9 +58,6 @@ typedef struct {
     braid_mem send_mem, recv_mem; /* classified once, at the call (buffers() in nccl_coll.c) */
     int device;       /* 1: send or recv is CUDA device (or managed) memory */
 } nccl_op;
-
-/* A communicator's device worker (nccl_dev.c). */
-typedef struct nccl_worker nccl_worker;
 
 /* What braid takes from an ncclConfig_t (nccl_config.c). */
 typedef struct {
@@ -102,21 +99,17 @@ struct ncclComm {
     atomic_int inflight;
     atomic_int aborting;
 
-    pthread_mutex_t mu; /* guards redops and worker creation */
+    pthread_mutex_t mu; /* guards redops */
     nccl_premul *redops;
     int nredops;
 
-    /* Runs the calls on device buffers that braid's engine does not take
-     * (nccl_dev.c), in issue order, created by the first one; NULL until
-     * then. */
-    nccl_worker *worker;
-    /* Device calls braid's engine runs after they returned (nccl_inflight.c),
-     * under inflight_mu. */
+    /* Device calls braid runs after they returned (nccl_inflight.c), under
+     * inflight_mu. */
     pthread_mutex_t inflight_mu;
     struct nccl_inflight *inflight_works;
     int ninflight_works;
     /* First failure of work that ran after its call returned (device
-     * worker, engine work): ncclCommGetAsyncError reports it. */
+     * calls): ncclCommGetAsyncError reports it. */
     atomic_int async_error;
 };
 
@@ -224,11 +217,12 @@ ncclResult_t nccl__group_defer_init(ncclComm_t comm);
 size_t nccl__op_send_bytes(const nccl_op *op, int rank, int nranks);
 size_t nccl__op_recv_bytes(const nccl_op *op, int rank, int nranks);
 
-/* Start ops (host memory, or staged copies of it) on comm: one call alone
- * as it is, several as one braid group with the collectives in issue
- * order, then every send and receive progressed together, as NCCL
- * schedules a group. work == NULL blocks; else *work is the handle (NULL
- * when nothing was started) and nccl__exec_finish must follow. */
+/* Start ops on comm: one call alone as it is, several as one braid group
+ * with the collectives in issue order, then every send and receive
+ * progressed together, as NCCL schedules a group. Ops on device buffers
+ * run on their streams (braid's device path). work == NULL blocks; else
+ * *work is the handle (NULL when nothing was started) and
+ * nccl__exec_finish must follow (or, for device ops, nccl__inflight_add). */
 ncclResult_t nccl__exec_start(ncclComm_t comm, nccl_op *ops, int n, braid_work **work);
 
 /* Wait for work (may be NULL). */
@@ -240,10 +234,16 @@ ncclResult_t nccl__exec_finish(braid_work *work, nccl_op *ops, int n);
  * move (built without CUDA); ncclSuccess otherwise. */
 ncclResult_t nccl__dev_check(const void *p, const char *what, const char *call);
 
-/* Enqueue ops (n >= 1, at least one on device memory) on comm's worker:
- * ordered after the work queued on each op's stream before this call,
- * and each of those streams waits for them. Returns once enqueued. */
-ncclResult_t nccl__dev_submit(ncclComm_t comm, const nccl_op *ops, int n);
+/* Hand ops (n >= 1, at least one on device memory) to braid's device
+ * path: ordered after the work queued on each op's stream before this
+ * call, and each of those streams waits for them. Returns once queued;
+ * the work handle is kept (nccl_inflight.c). */
+ncclResult_t nccl__dev_submit(ncclComm_t comm, nccl_op *ops, int n);
+
+/* A device broadcast's root with its input apart from its output: copy it
+ * there on the op's stream (braid broadcasts in place), ordered before
+ * braid's call. */
+ncclResult_t nccl__dev_root_copy(const nccl_op *op);
 
 /* braid's own device path (nccl_dev_engine.c): whether it takes the batch
  * (an all-reduce or broadcast outside a group), and hand the one op to it
@@ -251,9 +251,6 @@ ncclResult_t nccl__dev_submit(ncclComm_t comm, const nccl_op *ops, int n);
 int nccl__engine_takes(const nccl_op *ops, int n);
 ncclResult_t nccl__engine_submit(ncclComm_t comm, const nccl_op *op, int device);
 
-/* Block until comm's worker has run everything enqueued so far (no-op
- * without a worker), so that a host call is issued after them. */
-void nccl__dev_drain(ncclComm_t comm);
 /* A device-collective kernel that gave up (BRAID_DEVCOLL=1) becomes the
  * communicator's asynchronous error (ncclRemoteError), once. */
 void nccl__dev_poll_kernels(ncclComm_t comm);
@@ -272,12 +269,6 @@ void nccl__dev_finish_kernels(ncclComm_t comm);
  * host-only programs stay CUDA-free, and braid decides at the first device
  * call). */
 void nccl__dev_attach(ncclComm_t comm);
-
-/* Stop comm's worker (after drain or abort) and free it. */
-void nccl__dev_stop(ncclComm_t comm);
-
-/* Text of the worker's first failure (ncclCommGetAsyncError), or NULL. */
-const char *nccl__dev_error(ncclComm_t comm);
 
 /* ---- device calls in flight on braid's engine (nccl_inflight.c) ---- */
 

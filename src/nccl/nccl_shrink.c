@@ -1,7 +1,7 @@
 /* Fault tolerance: ncclCommRevoke and ncclCommShrink.
  *
  * Revoke stops the communicator: braid_pg_abort makes every call blocked
- * in it (and the device worker's) return, and later calls are refused.
+ * in it (and its device calls) return, and later calls are refused.
  * Shrink makes a new communicator of the ranks that stay, on braid's group
  * shrink (braid_pg_shrink): the survivors agree among themselves, so a
  * dead rank is simply absent, and ranks renumber densely in old order as
@@ -34,7 +34,6 @@ NCCL_API ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags)
     if (atomic_exchange(&comm->revoked, 1))
         return ncclSuccess; /* already revoked */
     braid_pg_abort(comm->pg); /* every pending call returns */
-    nccl__dev_drain(comm);    /* the worker's calls fail fast now */
     nccl__inflight_wait(comm);
     if (comm->pending)
         nccl__comm_settle(comm, 1);
@@ -99,7 +98,6 @@ static ncclResult_t shrink(ncclComm_t comm, int *exclude, int count, ncclComm_t 
         return r;
     if (flags == NCCL_SHRINK_ABORT)
         braid_pg_abort(comm->pg);
-    nccl__dev_drain(comm);
     nccl__inflight_wait(comm);
     if (comm->pending)
         nccl__comm_settle(comm, 1);

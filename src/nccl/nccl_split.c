@@ -31,8 +31,7 @@ static ncclResult_t comm_split(ncclComm_t comm, int color, int key, ncclComm_t *
     if (nccl__group_active())
         return nccl__fail(ncclInvalidUsage, "%s: braid does not split inside a group: call it outside", call);
     *newcomm = NULL;
-    nccl__dev_drain(comm); /* the split's exchange follows the device calls already enqueued */
-    nccl__inflight_wait(comm);
+    nccl__inflight_wait(comm); /* the split's exchange follows the device calls already enqueued */
 
     int n = comm->nranks, mine[2] = {color, key};
     int *all = malloc((size_t)n * 2 * sizeof(int));
