@@ -331,7 +331,7 @@ static braid_status group_record(braid_pg *pg, const braid_coll *coll, int dev, 
                                  braid_work **work)
 {
     const char *op = braid__coll_name(coll->kind);
-    if (!dev && cuda_stream) {
+    if (!dev && cuda_stream && coll->count > 0) { /* nothing to read: no wait */
         if (!braid__cuda_available())
             return braid__error(BRAID_ERR_UNSUPPORTED, "rank %d: %s: a CUDA stream was given but %s", pg->rank, op,
                                 braid__cuda_unavailable_reason());

@@ -1,28 +1,19 @@
 /* Staging a job on device buffers through pinned host memory (hmem.h,
  * CUDA build): any collective, a send or a receive, or a group of them.
  *
- * Every op is cut into pieces of whole elements. Piece k of an op covers
- * elements [k * per, k * per + len) of each of its blocks (one block, or
- * one per rank for the side of an all-gather or reduce-scatter that holds
- * every rank's), so a piece is itself an op of the same kind on len
- * elements; blocks go down and up as one strided copy. The cut depends
- * only on what every rank of the op knows (kind, count, dtype, group
- * size), never on what else is in the job: a send grouped on one rank
- * meets its receive alone on the other piece for piece, and collectives
- * take the same pieces everywhere.
- *
  * A group runs as segments, in issue order: each collective alone (with
  * the sequence number the group gives it), each run of consecutive sends
  * and receives together, as braid runs groups (algo/dispatch.c). Every
  * rank cuts its group the same way, and a collective sees what an earlier
- * op of the group wrote, as on host buffers. Step k of a segment runs
- * piece k of each of its ops that has one, as one host call, in the pool
- * half k & 1, while piece k+1 is copied down into the other half on the
- * d2h stream and piece k-1 up from it on h2d: copies overlap the network.
- * Pieces are sized so that one op's piece needs at most
- * BRAID_HMEM_PIECE_BYTES of a half (sends and receives a quarter of that:
- * a run of many of them stays small); the submitter made the pool hold
- * the largest segment's step (braid__hmem_stage_need). */
+ * op of the group wrote, as on host buffers.
+ *
+ * hmem_plan.c cuts each op into pieces (a piece is a call of the same
+ * kind on fewer elements) and lays out their areas in a pool half. Step k
+ * of a segment runs the pieces that fall on it as one host call in half
+ * k & 1, while the next step's inputs are copied down into the other half
+ * on the d2h stream and the previous step's results up from it on h2d:
+ * copies overlap the network. Ops on host buffers run whole on their own
+ * buffers, as a host call would. */
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -31,90 +22,7 @@
 #include "pg_algo.h"
 #include "hmem.h"
 #include "hmem_cuda.h"
-
-/* Sends and receives: a group exchanging with every peer holds one piece
- * per peer in each half. */
-#define P2P_PIECE_BYTES (BRAID_HMEM_PIECE_BYTES / 4)
-#define AREA_ALIGN 256
-
-/* How one op is cut. */
-typedef struct {
-    braid_coll *op;
-    size_t esize, per, npieces;
-    int srows, rrows;   /* blocks of the send and recv sides (0: none here) */
-    int shared;         /* send and recv are one area (in place on pinned) */
-    int down, up;       /* the op's input goes down, its result comes up */
-    size_t soff, roff;  /* the sides' offsets in a half */
-} piece_plan;
-
-static size_t align_up(size_t n)
-{
-    return (n + AREA_ALIGN - 1) / AREA_ALIGN * AREA_ALIGN;
-}
-
-static void plan_op(const braid_pg *pg, braid_coll *op, piece_plan *p)
-{
-    size_t n = (size_t)pg->size;
-    *p = (piece_plan){.op = op, .esize = braid_dtype_size(op->dtype)};
-    size_t budget = BRAID_HMEM_PIECE_BYTES, rows = 1;
-    switch (op->kind) {
-    case BRAID_COLL_ALLREDUCE:
-        p->srows = p->rrows = p->shared = p->down = p->up = 1;
-        break;
-    case BRAID_COLL_BROADCAST: /* in place on recv: the root's goes down, the others' comes up */
-        p->srows = p->rrows = p->shared = 1;
-        p->down = op->root == pg->rank;
-        p->up = !p->down;
-        break;
-    case BRAID_COLL_REDUCE:
-        p->srows = p->down = 1;
-        p->rrows = p->up = op->root == pg->rank;
-        rows = 2;
-        break;
-    case BRAID_COLL_ALLGATHER:
-        p->srows = p->down = p->up = 1;
-        p->rrows = (int)n;
-        rows = n + 1;
-        break;
-    case BRAID_COLL_REDUCE_SCATTER:
-        p->srows = (int)n;
-        p->rrows = p->down = p->up = 1;
-        rows = n + 1;
-        break;
-    case BRAID_COLL_SEND:
-        p->srows = p->down = 1;
-        budget = P2P_PIECE_BYTES;
-        break;
-    case BRAID_COLL_RECV:
-        p->rrows = p->up = 1;
-        budget = P2P_PIECE_BYTES;
-        break;
-    default:
-        return; /* nothing else reaches the executor with buffers */
-    }
-    p->per = budget / (p->esize * rows);
-    if (p->per == 0)
-        p->per = 1;
-    p->npieces = op->count ? (op->count + p->per - 1) / p->per : 0;
-}
-
-/* Lay the ops' areas out in a half; returns the half's size. */
-static size_t plan_layout(piece_plan *plans, int n)
-{
-    size_t off = 0;
-    for (int i = 0; i < n; i++) {
-        piece_plan *p = &plans[i];
-        if (!p->npieces)
-            continue;
-        size_t piece = p->per * p->esize;
-        p->soff = off;
-        off += align_up(piece * (size_t)p->srows);
-        p->roff = p->shared ? p->soff : off;
-        if (!p->shared)
-            off += align_up(piece * (size_t)p->rrows);
-    }
-    return off;
-}
+#include "hmem_plan.h"
 
 static int is_p2p(const braid_coll *op)
 {
@@ -160,23 +68,31 @@ static int next_segment(braid_coll *coll, int *next, uint64_t *seq, segment *sg)
     return 1;
 }
 
+/* Plan segment sg into plans; the half bytes it needs. */
+static size_t plan_segment(const braid_pg *pg, const segment *sg, braid_piece_plan *plans)
+{
+    for (int i = 0; i < sg->n; i++)
+        braid__plan_op(pg->rank, pg->size, &sg->ops[i], &plans[i]);
+    return braid__plan_layout(plans, sg->n);
+}
+
 braid_status braid__hmem_stage_need(const braid_pg *pg, braid_coll *coll, size_t *bytes)
 {
     int n = coll->kind == BRAID_COLL_GROUP ? coll->nops : 1, next = 0;
-    piece_plan *plans = calloc((size_t)(n ? n : 1), sizeof(*plans));
+    braid_piece_plan *plans = calloc((size_t)(n ? n : 1), sizeof(*plans));
     if (!plans)
         return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory planning a staged call", pg->rank);
     uint64_t seq = coll->seq;
     segment sg;
     *bytes = 0;
     while (next_segment(coll, &next, &seq, &sg)) {
-        for (int i = 0; i < sg.n; i++)
-            plan_op(pg, &sg.ops[i], &plans[i]);
-        size_t need = plan_layout(plans, sg.n);
+        size_t need = plan_segment(pg, &sg, plans);
         *bytes = need > *bytes ? need : *bytes;
     }
     free(plans);
-    return BRAID_OK;
+    return *bytes == (size_t)-1 ? braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory planning a staged call",
+                                               pg->rank)
+                                : BRAID_OK;
 }
 
 /* Largest pitch cudaMemcpy2DAsync takes (cudaDevAttrMaxPitch on current
@@ -199,23 +115,18 @@ static braid_status copy_blocks(braid_pg *pg, void *dst, size_t dpitch, const vo
     return BRAID_OK;
 }
 
-static size_t piece_len(const piece_plan *p, size_t k)
-{
-    size_t off = k * p->per;
-    return p->op->count - off < p->per ? p->op->count - off : p->per;
-}
-
-/* Piece k's inputs into half `pin`, on d2h; returns whether any copy was queued. */
-static braid_status down(braid_pg *pg, piece_plan *plans, int n, size_t k, char *pin, int *queued)
+/* Piece k's inputs into half `pin`, on d2h; *queued: a copy was queued. */
+static braid_status down(braid_pg *pg, braid_piece_plan *plans, int n, size_t k, char *pin, int *queued)
 {
     cudaStream_t s = pg->hmem->d2h;
     *queued = 0;
     for (int i = 0; i < n; i++) {
-        piece_plan *p = &plans[i];
-        if (k >= p->npieces || !p->down)
+        braid_piece_plan *p = &plans[i];
+        size_t off, len;
+        if (p->whole || !p->down || !braid__plan_piece(p, k, &off, &len) || len == 0)
             continue;
-        size_t len = piece_len(p, k), w = len * p->esize, block = p->op->count * p->esize;
-        const char *src = (const char *)p->op->send + k * p->per * p->esize;
+        size_t w = len * p->esize, block = p->op->count * p->esize;
+        const char *src = (const char *)p->op->send + off * p->esize;
         BRAID_CHECK(copy_blocks(pg, pin + p->soff, w, src, block, w, p->srows, s));
         *queued = 1;
     }
@@ -223,16 +134,17 @@ static braid_status down(braid_pg *pg, piece_plan *plans, int n, size_t k, char 
 }
 
 /* Piece k's results out of half `pin`, on h2d. */
-static braid_status up(braid_pg *pg, piece_plan *plans, int n, size_t k, const char *pin, int *queued)
+static braid_status up(braid_pg *pg, braid_piece_plan *plans, int n, size_t k, const char *pin, int *queued)
 {
     cudaStream_t s = pg->hmem->h2d;
     *queued = 0;
     for (int i = 0; i < n; i++) {
-        piece_plan *p = &plans[i];
-        if (k >= p->npieces || !p->up)
+        braid_piece_plan *p = &plans[i];
+        size_t off, len;
+        if (p->whole || !p->up || !braid__plan_piece(p, k, &off, &len) || len == 0)
             continue;
-        size_t len = piece_len(p, k), w = len * p->esize, block = p->op->count * p->esize;
-        char *dst = (char *)p->op->recv + k * p->per * p->esize;
+        size_t w = len * p->esize, block = p->op->count * p->esize;
+        char *dst = (char *)p->op->recv + off * p->esize;
         BRAID_CHECK(copy_blocks(pg, dst, block, pin + p->roff, w, w, p->rrows, s));
         *queued = 1;
     }
@@ -240,20 +152,23 @@ static braid_status up(braid_pg *pg, piece_plan *plans, int n, size_t k, const c
 }
 
 /* Step k as one host call on half `pin` (pieces: room for the segment's). */
-static braid_status run_step(braid_pg *pg, const segment *sg, piece_plan *plans, int n, size_t k, char *pin,
+static braid_status run_step(braid_pg *pg, const segment *sg, braid_piece_plan *plans, int n, size_t k, char *pin,
                              braid_coll *pieces)
 {
     int m = 0;
     for (int i = 0; i < n; i++) {
-        piece_plan *p = &plans[i];
-        if (k >= p->npieces)
+        braid_piece_plan *p = &plans[i];
+        size_t off, len;
+        if (!braid__plan_piece(p, k, &off, &len))
             continue;
         braid_coll c = *p->op;
         c.hmem = NULL;
         c.stream = NULL;
-        c.count = piece_len(p, k);
-        c.send = p->srows ? pin + p->soff : NULL;
-        c.recv = p->rrows ? pin + p->roff : NULL;
+        if (!p->whole) { /* a whole op runs on its own buffers */
+            c.count = len;
+            c.send = p->srows ? pin + p->soff : NULL;
+            c.recv = p->rrows ? pin + p->roff : NULL;
+        }
         pieces[m++] = c;
     }
     if (!sg->group)
@@ -271,13 +186,11 @@ static braid_status event_sync(braid_pg *pg, cudaEvent_t e)
     return BRAID_OK;
 }
 
-static braid_status stage_steps(braid_pg *pg, const segment *sg, piece_plan *plans, int n, void *const pool[2],
+static braid_status stage_steps(braid_pg *pg, const segment *sg, braid_piece_plan *plans, int n, void *const pool[2],
                                 braid_coll *pieces)
 {
     struct braid_hmem *h = pg->hmem;
-    size_t steps = 0;
-    for (int i = 0; i < n; i++)
-        steps = plans[i].npieces > steps ? plans[i].npieces : steps;
+    size_t steps = braid__plan_steps(plans, n);
     int down_queued[2] = {0, 0}, up_queued[2] = {0, 0};
     if (steps > 0) {
         BRAID_CHECK(down(pg, plans, n, 0, pool[0], &down_queued[0]));
@@ -309,7 +222,7 @@ static braid_status stage_steps(braid_pg *pg, const segment *sg, piece_plan *pla
 braid_status braid__hmem_stage(braid_pg *pg, braid_coll *coll, void *const pool[2], size_t pool_bytes)
 {
     int n = coll->kind == BRAID_COLL_GROUP ? coll->nops : 1, next = 0;
-    piece_plan *plans = calloc((size_t)(n ? n : 1), sizeof(*plans));
+    braid_piece_plan *plans = calloc((size_t)(n ? n : 1), sizeof(*plans));
     braid_coll *pieces = calloc((size_t)(n ? n : 1), sizeof(*pieces));
     braid_status st = BRAID_OK;
     if (!plans || !pieces)
@@ -318,9 +231,7 @@ braid_status braid__hmem_stage(braid_pg *pg, braid_coll *coll, void *const pool[
     uint64_t seq = coll->seq;
     segment sg;
     while (st == BRAID_OK && next_segment(coll, &next, &seq, &sg)) {
-        for (int i = 0; i < sg.n; i++)
-            plan_op(pg, &sg.ops[i], &plans[i]);
-        size_t need = plan_layout(plans, sg.n);
+        size_t need = plan_segment(pg, &sg, plans);
         if (need > pool_bytes)
             st = braid__error(BRAID_ERR_INTERNAL, "rank %d: %s needs %zu staging bytes, the pool holds %zu", pg->rank,
                               braid__coll_job_name(coll), need, pool_bytes);

@@ -626,6 +626,83 @@ static int kinds_body(braid_pg *pg, void *arg)
     return check_allreduce(pg, BRAID_I32, BRAID_SUM, 1000, 0, MODE_BLOCKING, 300);
 }
 
+/* Sends and receives matched as NCCL matches them, per peer in issue
+ * order whatever the grouping on either side: rank 0 sends two device
+ * buffers to rank 1 in one group (several pieces each), rank 1 receives
+ * them with two calls; a zero-count send and a host send larger than a
+ * piece inside rank 0's device group meet rank 1's all-host group. */
+static int order_body(braid_pg *pg, void *arg)
+{
+    (void)arg;
+    int rank = braid_pg_rank(pg);
+    if (pick_device(rank))
+        return 1;
+    enum { A = 700001, B = 300007, BIG = 3000017 };
+    int32_t *h = malloc(sizeof(int32_t) * (A + B)), *big = malloc(sizeof(int32_t) * BIG), *d;
+    if (!h || !big)
+        HARNESS_FAIL("rank %d: out of memory", rank);
+    CU(cudaMalloc((void **)&d, sizeof(int32_t) * (A + B)));
+    cudaStream_t st;
+    CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    for (size_t i = 0; i < A + B; i++)
+        h[i] = rank ? -1 : kind_input(7, i);
+    for (size_t i = 0; i < BIG; i++)
+        big[i] = rank ? -1 : kind_input(9, i);
+    CU(cudaMemcpy(d, h, sizeof(int32_t) * (A + B), cudaMemcpyHostToDevice));
+    braid_status e = BRAID_OK;
+    if (rank == 0) {
+        e = braid_group_start(pg);
+        if (e == BRAID_OK)
+            e = braid_send(pg, d, A, BRAID_I32, 1, st, NULL);
+        if (e == BRAID_OK)
+            e = braid_send(pg, d + A, B, BRAID_I32, 1, st, NULL);
+        braid_status end = braid_group_end(pg, NULL);
+        e = e != BRAID_OK ? e : end;
+        if (e == BRAID_OK && (e = braid_group_start(pg)) == BRAID_OK) {
+            e = braid_send(pg, d, 0, BRAID_I32, 1, st, NULL);
+            if (e == BRAID_OK)
+                e = braid_send(pg, d, 1000, BRAID_I32, 1, st, NULL);
+            if (e == BRAID_OK)
+                e = braid_send(pg, big, BIG, BRAID_I32, 1, NULL, NULL);
+            end = braid_group_end(pg, NULL);
+            e = e != BRAID_OK ? e : end;
+        }
+    } else if (rank == 1) {
+        e = braid_recv(pg, d, A, BRAID_I32, 0, st, NULL);
+        if (e == BRAID_OK)
+            e = braid_recv(pg, d + A, B, BRAID_I32, 0, st, NULL);
+        if (e == BRAID_OK && (e = braid_group_start(pg)) == BRAID_OK) {
+            e = braid_recv(pg, h, 0, BRAID_I32, 0, NULL, NULL);
+            if (e == BRAID_OK)
+                e = braid_recv(pg, h, 1000, BRAID_I32, 0, NULL, NULL);
+            if (e == BRAID_OK)
+                e = braid_recv(pg, big, BIG, BRAID_I32, 0, NULL, NULL);
+            braid_status end = braid_group_end(pg, NULL);
+            e = e != BRAID_OK ? e : end;
+        }
+    }
+    if (e != BRAID_OK)
+        HARNESS_FAIL("rank %d: sends and receives: %s", rank, braid_last_error());
+    if (rank == 1) {
+        for (size_t i = 0; i < 1000; i++)
+            if (h[i] != kind_input(7, i))
+                HARNESS_FAIL("rank 1: host receive after a zero-count one: element %zu is %d", i, h[i]);
+        for (size_t i = 0; i < BIG; i++)
+            if (big[i] != kind_input(9, i))
+                HARNESS_FAIL("rank 1: large host receive element %zu is %d", i, big[i]);
+        CU(cudaMemcpy(h, d, sizeof(int32_t) * (A + B), cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < A + B; i++)
+            if (h[i] != kind_input(7, i))
+                HARNESS_FAIL("rank 1: %s device receive element %zu is %d, want %d", i < A ? "first" : "second",
+                             i < A ? i : i - A, h[i], kind_input(7, i));
+    }
+    CU(cudaStreamDestroy(st));
+    CU(cudaFree(d));
+    free(h);
+    free(big);
+    return 0;
+}
+
 /* The DDP bucketer with gradients in device memory (and one on the host):
  * copied into the flat buffers and back with CUDA copies, averaged. Also
  * with f16 compression, which casts through host memory. */
@@ -1016,6 +1093,8 @@ START_TEST(kinds_2) { run_ranks(2, kinds_body, 300); }
 END_TEST
 START_TEST(kinds_3) { run_ranks(3, kinds_body, 300); }
 END_TEST
+START_TEST(order_2) { run_ranks(2, order_body, 120); }
+END_TEST
 START_TEST(bucketer_3) { run_ranks(3, bucketer_body, 120); }
 END_TEST
 #ifdef BRAID_CUDA_FAKE
@@ -1074,7 +1153,7 @@ int main(void)
         const TTest *test;
     } cases[] = {{"matrix_2", matrix_2}, {"matrix_3", matrix_3}, {"pieces_1", pieces_1}, {"pieces_2", pieces_2}, {"pieces_4", pieces_4},
                  {"mixed_3", mixed_3},   {"queue_3", queue_3},   {"threads_2", threads_2},   {"abort_2", abort_2},
-                 {"kinds_2", kinds_2},   {"kinds_3", kinds_3}, {"bucketer_3", bucketer_3},
+                 {"kinds_2", kinds_2},   {"kinds_3", kinds_3},   {"order_2", order_2}, {"bucketer_3", bucketer_3},
 #ifdef BRAID_CUDA_FAKE
                  {"links_4", links_4},   {"noipc_3", noipc_3},
 #endif

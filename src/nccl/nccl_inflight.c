@@ -55,7 +55,13 @@ static void finish(ncclComm_t comm, struct nccl_inflight *list)
     while (list) {
         struct nccl_inflight *e = list;
         list = e->next;
-        braid_status st = braid_wait(e->work, -1);
+        /* Until done: a long staged call may outlast one group timeout
+         * while every piece of it keeps its own deadline. */
+        braid_status st;
+        int done = 0;
+        do
+            st = braid_wait(e->work, -1);
+        while (st == BRAID_ERR_TIMEOUT && braid_test(e->work, &done) == BRAID_OK && !done);
         if (st != BRAID_OK)
             record_failure(comm, st, e->call);
         braid_work_free(e->work);
