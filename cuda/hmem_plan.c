@@ -35,10 +35,10 @@ void braid__plan_op(int rank, int size, braid_coll *op, braid_piece_plan *p)
         p->srows = p->rrows = p->shared = p->down = p->up = 1;
         budget = BRAID_HMEM_PIECE_BYTES;
         break;
-    case BRAID_COLL_BROADCAST: /* in place on recv: the root's goes down, the others' comes up */
+    case BRAID_COLL_BROADCAST: /* the root's goes down, the others' comes up (the root's too, out of place) */
         p->srows = p->rrows = p->shared = 1;
         p->down = op->root == rank;
-        p->up = !p->down;
+        p->up = !p->down || (const void *)op->recv != op->send;
         budget = BRAID_HMEM_PIECE_BYTES;
         break;
     case BRAID_COLL_REDUCE:

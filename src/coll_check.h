@@ -45,6 +45,13 @@ braid_status braid__allreduce_classified(braid_pg *pg, const void *send, void *r
 braid_status braid__broadcast_classified(braid_pg *pg, void *buf, size_t count, braid_dtype dtype, int root,
                                          const braid_mem *mem, void *cuda_stream, braid_work **work);
 
+/* A broadcast whose root reads send and writes recv (send == recv: in
+ * place), recorded in the calling thread's open group (the NCCL shim's
+ * device groups): staging reads the root's input when the group runs, so
+ * the broadcast sees what earlier ops of the group wrote into send. */
+braid_status braid__broadcast_from(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
+                                   int root, void *cuda_stream);
+
 /* braid_reduce and braid_reduce_scatter with an optional MULSUM scalar
  * (coll_reduce.c). */
 braid_status braid__reduce_submit(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,

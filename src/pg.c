@@ -364,6 +364,27 @@ braid_status braid__broadcast_classified(braid_pg *pg, void *buf, size_t count, 
     return st == BRAID_ERR_INVALID_ARG ? braid__coll_refuse(pg, &c, st) : st;
 }
 
+braid_status braid__broadcast_from(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
+                                   int root, void *cuda_stream)
+{
+    braid_coll c = {.kind = BRAID_COLL_BROADCAST, .send = recv, .recv = recv, .count = count, .dtype = dtype,
+                    .op = BRAID_SUM, .root = root};
+    braid_status st = check_buffer_args(pg, "broadcast", recv, recv, count, dtype);
+    if (st == BRAID_OK && (root < 0 || root >= pg->size))
+        st = braid__error(BRAID_ERR_INVALID_ARG, "rank %d: broadcast: root %d out of range [0, %d)", pg->rank, root,
+                          pg->size);
+    if (st == BRAID_OK && pg->rank == root && count > 0 && !send)
+        st = braid__error(BRAID_ERR_INVALID_ARG, "rank %d: broadcast: send is NULL with count %zu", pg->rank, count);
+    if (st != BRAID_OK)
+        return st == BRAID_ERR_INVALID_ARG ? braid__coll_refuse(pg, &c, st) : st;
+    if (!braid__group_open_here(pg))
+        return braid__error(BRAID_ERR_INTERNAL, "rank %d: broadcast from a separate input outside a group", pg->rank);
+    if (pg->rank == root)
+        c.send = send;
+    braid__coll_classify(&c, NULL);
+    return braid__hmem_submit(pg, &c, cuda_stream, NULL);
+}
+
 BRAID_API braid_status braid_allreduce(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
                                        braid_op op, void *cuda_stream, braid_work **work)
 {

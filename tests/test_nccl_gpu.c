@@ -337,6 +337,21 @@ static int test_mixed(ctx *c)
                 FAIL("grouped device all-gather block %d element %zu is %d", r, i, c->h[(size_t)r * COUNT + i]);
     CU(cudaStreamDestroy(s2));
 
+    /* A broadcast out of place in a group reads its input when the group
+     * runs: the sum the all-reduce before it wrote. */
+    if (put(c, c->d0, COUNT, c->rank) || poison(c, g, COUNT))
+        return 1;
+    NC(ncclGroupStart());
+    NC(ncclAllReduce(c->d0, c->d0, COUNT, ncclInt32, ncclSum, c->comm, c->s));
+    NC(ncclBroadcast(c->d0, g, COUNT, ncclInt32, 0, c->comm, c->s));
+    NC(ncclGroupEnd());
+    if (fetch(c, g, COUNT))
+        return 1;
+    for (size_t i = 0; i < COUNT; i++)
+        if (c->h[i] != sum_val(c->n, i))
+            FAIL("grouped device broadcast after an all-reduce: element %zu is %d, want %d", i, c->h[i],
+                 sum_val(c->n, i));
+
     /* Device all-reduce, then a host all-reduce with a NULL stream: the
      * host call runs after it (braid sees the calls in issue order). */
     if (put(c, c->d0, COUNT, c->rank))

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "coll_check.h"
 #include "nccl_internal.h"
 
 size_t nccl__op_send_bytes(const nccl_op *op, int rank, int nranks)
@@ -73,15 +74,13 @@ static int is_p2p(const nccl_op *op)
 }
 
 /* Work on the buffers that must precede braid's call. */
-static ncclResult_t prepare(ncclComm_t comm, nccl_op *op)
+static void prepare(ncclComm_t comm, nccl_op *op)
 {
-    /* braid broadcasts in place: the root's input goes to its output first. */
-    if (op->kind != NCCL_OP_BROADCAST || comm->rank != op->root || !op->count || op->send == op->recv)
-        return ncclSuccess;
-    if (op->device)
-        return nccl__dev_root_copy(op);
+    /* braid broadcasts host buffers in place: the root's input goes to its
+     * output first (device ops are staged from send: issue()). */
+    if (op->kind != NCCL_OP_BROADCAST || op->device || comm->rank != op->root || !op->count || op->send == op->recv)
+        return;
     memmove(op->recv, op->send, op->count * braid_dtype_size(op->dtype));
-    return ncclSuccess;
 }
 
 /* The call on braid; device ops on their stream (NULL for host ops, whose
@@ -108,6 +107,8 @@ static braid_status issue(ncclComm_t comm, const nccl_op *op)
     case NCCL_OP_ALLGATHER:
         return braid_allgather(pg, op->send, op->recv, op->count, op->dtype, st, NULL);
     case NCCL_OP_BROADCAST:
+        if (op->device) /* always inside exec_start's group */
+            return braid__broadcast_from(pg, op->send, op->recv, op->count, op->dtype, op->root, st);
         return braid_broadcast(pg, op->recv, op->count, op->dtype, op->root, st, NULL);
     case NCCL_OP_SEND:
         return braid_send(pg, op->send, op->count, op->dtype, op->root, st, NULL);
@@ -138,11 +139,9 @@ ncclResult_t nccl__exec_start(ncclComm_t comm, nccl_op *ops, int n, braid_work *
             r = nccl__stream_sync(ops[i].stream, ops[i].call);
     if (r != ncclSuccess)
         return r;
-    for (int i = 0; i < n && r == ncclSuccess; i++)
-        r = prepare(comm, &ops[i]);
-    if (r != ncclSuccess)
-        return r;
-    if (n == 1 && !work)
+    for (int i = 0; i < n; i++)
+        prepare(comm, &ops[i]);
+    if (n == 1 && !work && !ops[0].device)
         return nccl__from_braid(issue(comm, &ops[0]), ops[0].call);
     const char *call = n == 1 ? ops[0].call : "ncclGroupEnd";
     braid_status st = braid_group_start(comm->pg);
