@@ -29,6 +29,35 @@ braid_status braid__check_common(braid_pg *pg, const char *name, size_t count, i
     return BRAID_OK;
 }
 
+/* What the calling thread's entry already knows (braid__mem_hint). */
+static _Thread_local struct {
+    const void *p[2];
+    braid_mem m[2];
+    int n;
+} hint;
+
+void braid__mem_hint(const void *send, braid_mem send_mem, const void *recv, braid_mem recv_mem)
+{
+    hint.n = 0;
+    if (send)
+        hint.p[hint.n] = send, hint.m[hint.n++] = send_mem;
+    if (recv)
+        hint.p[hint.n] = recv, hint.m[hint.n++] = recv_mem;
+}
+
+void braid__mem_hint_clear(void)
+{
+    hint.n = 0;
+}
+
+braid_mem braid__mem_known(const void *p)
+{
+    for (int i = 0; i < hint.n; i++)
+        if (hint.p[i] == p)
+            return hint.m[i];
+    return braid__mem_of(p);
+}
+
 void braid__coll_classify(braid_coll *c, const braid_mem *mem)
 {
     if (c->count == 0)
@@ -39,9 +68,9 @@ void braid__coll_classify(braid_coll *c, const braid_mem *mem)
         return;
     }
     if (c->send)
-        c->send_mem = braid__mem_of(c->send);
+        c->send_mem = braid__mem_known(c->send);
     if (c->recv)
-        c->recv_mem = (const void *)c->recv == c->send ? c->send_mem : braid__mem_of(c->recv);
+        c->recv_mem = (const void *)c->recv == c->send ? c->send_mem : braid__mem_known(c->recv);
 }
 
 braid_status braid__check_op(const braid_pg *pg, const char *name, braid_op op, const void *scalar)

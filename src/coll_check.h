@@ -22,6 +22,16 @@ braid_status braid__check_common(braid_pg *pg, const char *name, size_t count, i
  * with the one classifier (braid__mem_of, hmem.h), once per buffer. */
 void braid__coll_classify(braid_coll *c, const braid_mem *mem);
 
+/* An entry above braid's (the NCCL shim) classified the buffers of the
+ * call it is about to make on this thread: braid's entry takes these
+ * answers for those pointers instead of asking again. Cleared after the
+ * call. */
+void braid__mem_hint(const void *send, braid_mem send_mem, const void *recv, braid_mem recv_mem);
+void braid__mem_hint_clear(void);
+
+/* p's memory: the hint's answer where it names p, else braid__mem_of. */
+braid_mem braid__mem_known(const void *p);
+
 /* p is not NULL when count > 0. */
 braid_status braid__check_ptr(const braid_pg *pg, const char *name, const char *what, const void *p, size_t count);
 

@@ -99,7 +99,7 @@ static braid_status alltoall_checked(braid_pg *pg, const void *send, void *recv,
         slots[p] = (exchange_slot){(const char *)send + (size_t)p * bytes, (char *)recv + (size_t)p * bytes};
     braid_mem mem[2] = {{0, 0}, {0, 0}};
     if (count > 0)
-        mem[0] = braid__mem_of(send), mem[1] = braid__mem_of(recv);
+        mem[0] = braid__mem_known(send), mem[1] = braid__mem_known(recv);
     return exchange_with_plan(pg, slots, count, dtype, BRAID_COLL_ALLTOALL, mem, cuda_stream, work);
 }
 
@@ -145,8 +145,8 @@ static braid_status rooted(braid_pg *pg, const char *name, int gather, const voi
             slots[root].recv = (char *)block;
     }
     /* The buffers sends read and receives write, each classified once. */
-    braid_mem block_mem = count ? braid__mem_of(block) : (braid_mem){0, 0};
-    braid_mem all_mem = count && pg->rank == root ? braid__mem_of(all) : (braid_mem){0, 0};
+    braid_mem block_mem = count ? braid__mem_known(block) : (braid_mem){0, 0};
+    braid_mem all_mem = count && pg->rank == root ? braid__mem_known(all) : (braid_mem){0, 0};
     braid_mem mem[2] = {gather ? block_mem : all_mem, gather ? all_mem : block_mem};
     return exchange_with_plan(pg, slots, count, dtype, gather ? BRAID_COLL_GATHER : BRAID_COLL_SCATTER, mem,
                               cuda_stream, work);

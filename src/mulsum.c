@@ -78,8 +78,8 @@ static braid_status allreduce_checked(braid_pg *pg, const void *send, void *recv
     BRAID_CHECK(check_scalar(pg, name, scalar));
     braid_mem mem[2] = {{0, 0}, {0, 0}};
     if (count > 0) {
-        mem[0] = send ? braid__mem_of(send) : mem[0];
-        mem[1] = !recv ? mem[1] : (const void *)recv == send ? mem[0] : braid__mem_of(recv);
+        mem[0] = send ? braid__mem_known(send) : mem[0];
+        mem[1] = !recv ? mem[1] : (const void *)recv == send ? mem[0] : braid__mem_known(recv);
     }
     return braid__allreduce_submit(pg, name, send, recv, count, dtype, BRAID_MULSUM, scalar, mem, cuda_stream, work);
 }

@@ -534,9 +534,19 @@ cudaError_t cudaDeviceSynchronize(void)
     return cudaSuccess;
 }
 
+/* cudaPointerGetAttributes calls so far (cuda_fake_pointer_queries()):
+ * how often a call classified its buffers. */
+static _Atomic unsigned long pointer_queries;
+
+unsigned long cuda_fake_pointer_queries(void)
+{
+    return pointer_queries;
+}
+
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void *p)
 {
     GUARD();
+    pointer_queries++;
     memset(a, 0, sizeof(*a));
     a->device = -1;
     pthread_mutex_lock(&G);

@@ -32,6 +32,7 @@ static int g_rank = -1;
 #ifdef BRAID_CUDA_FAKE
 unsigned long cuda_fake_copies(void);           /* tests/cuda_fake.c */
 unsigned long long cuda_fake_pageable_bytes(void); /* tests/cuda_fake.c */
+unsigned long cuda_fake_pointer_queries(void);     /* tests/cuda_fake.c */
 unsigned long cuda_fake_devcoll_launches(void); /* tests/cuda_fake_devcoll.c */
 #endif
 
@@ -228,7 +229,16 @@ static int test_gather_scatter(ctx *c)
     if (put(c, c->d0, COUNT, c->rank) || poison(c, c->d1, n * COUNT))
         return 1;
     unsigned long long before = pageable_bytes();
+#ifdef BRAID_CUDA_FAKE
+    unsigned long queries = cuda_fake_pointer_queries();
+#endif
     NC(ncclAllGather(c->d0, c->d1, COUNT, ncclInt32, c->comm, c->s));
+#ifdef BRAID_CUDA_FAKE
+    /* Each buffer classified once, at the call: braid takes the shim's answers. */
+    if (cuda_fake_pointer_queries() - queries != 2)
+        FAIL("ncclAllGather classified its two buffers with %lu pointer queries",
+             cuda_fake_pointer_queries() - queries);
+#endif
     if (no_pageable(c, before, "ncclAllGather") || fetch(c, c->d1, n * COUNT))
         return 1;
     for (size_t r = 0; r < n; r++)

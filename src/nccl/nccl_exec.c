@@ -124,6 +124,19 @@ static braid_status issue(ncclComm_t comm, const nccl_op *op)
     return BRAID_ERR_INTERNAL;
 }
 
+/* issue(), with braid's entry taking the memory kinds the call classified
+ * (buffers() in nccl_coll.c) rather than asking again. */
+static braid_status issue_classified(ncclComm_t comm, const nccl_op *op)
+{
+    /* Only the buffers the call reads or writes on this rank were classified. */
+    const void *send = nccl__op_send_bytes(op, comm->rank, comm->nranks) ? op->send : NULL;
+    const void *recv = nccl__op_recv_bytes(op, comm->rank, comm->nranks) ? op->recv : NULL;
+    braid__mem_hint(send, op->send_mem, recv, op->recv_mem);
+    braid_status st = issue(comm, op);
+    braid__mem_hint_clear();
+    return st;
+}
+
 ncclResult_t nccl__exec_start(ncclComm_t comm, nccl_op *ops, int n, braid_work **work)
 {
     NCCL_ON_COMM(comm); /* group ends run here: name the communicator whose call failed */
@@ -142,14 +155,14 @@ ncclResult_t nccl__exec_start(ncclComm_t comm, nccl_op *ops, int n, braid_work *
     for (int i = 0; i < n; i++)
         prepare(comm, &ops[i]);
     if (n == 1 && !work && !ops[0].device)
-        return nccl__from_braid(issue(comm, &ops[0]), ops[0].call);
+        return nccl__from_braid(issue_classified(comm, &ops[0]), ops[0].call);
     const char *call = n == 1 ? ops[0].call : "ncclGroupEnd";
     braid_status st = braid_group_start(comm->pg);
     if (st != BRAID_OK)
         return nccl__from_braid(st, call);
     for (int pass = 0; pass < 2 && st == BRAID_OK; pass++)
         for (int i = 0; i < n && st == BRAID_OK; i++)
-            if (is_p2p(&ops[i]) == pass && (st = issue(comm, &ops[i])) != BRAID_OK)
+            if (is_p2p(&ops[i]) == pass && (st = issue_classified(comm, &ops[i])) != BRAID_OK)
                 r = nccl__from_braid(st, ops[i].call);
     /* Also when recording failed: the group must not stay open. */
     braid_status end = braid_group_end(comm->pg, work);
