@@ -22,6 +22,7 @@
 #ifndef BRAID_CUDA_H
 #define BRAID_CUDA_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -109,6 +110,17 @@ braid_status braid__cuda_reduce_premul(braid_dtype dtype, void *dst, const void 
  *  may synchronize the device; braid calls this before it holds any stream,
  *  so no later launch can wait for a stream braid itself holds. */
 braid_status braid__cuda_preload(void);
+
+/** Kernel modules load per context, so per device: a process may drive
+ *  several. braid__cuda_once_per_device runs load() on the calling thread's
+ *  current device unless it already succeeded there (cuda_device.c); what
+ *  names it in errors. */
+typedef struct {
+    pthread_mutex_t mu;
+    unsigned char done[64]; /* by device ordinal */
+} braid_cuda_once;
+#define BRAID_CUDA_ONCE_INIT {PTHREAD_MUTEX_INITIALIZER, {0}}
+braid_status braid__cuda_once_per_device(braid_cuda_once *once, braid_status (*load)(void), const char *what);
 
 /** Queues on stream a wait, on the device, until *flag reaches want (as a
  *  wrapping 32-bit sequence: (int32_t)(*flag - want) >= 0). flag is the

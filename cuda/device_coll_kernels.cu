@@ -384,36 +384,31 @@ extern "C" int braid__devcoll_blocks_for(size_t bytes, int max_blocks)
     return want < 1 ? 1 : (int)want;
 }
 
+#if !DEVCOLL_EMU
+/* cudaFuncGetAttributes loads a kernel under lazy loading. */
+static braid_status load_all(void)
+{
+    for (int d = 0; d < BRAID_DTYPE_COUNT; d++)
+        for (int o = 0; o < BRAID_OP_COUNT; o++) {
+            cudaFuncAttributes attr;
+            cudaError_t err = table.fn[d][o] ? cudaFuncGetAttributes(&attr, (const void *)table.fn[d][o]) : cudaSuccess;
+            if (err != cudaSuccess) {
+                (void)cudaGetLastError();
+                return braid__error(BRAID_ERR_CUDA, "device collective: cannot load the kernel for dtype %d op %d: %s",
+                                    d, o, cudaGetErrorString(err));
+            }
+        }
+    return BRAID_OK;
+}
+#endif
+
 extern "C" braid_status braid__cuda_devcoll_preload(void)
 {
 #if DEVCOLL_EMU
     return BRAID_OK; /* the emulation has no modules to load */
 #else
-    /* Modules load per context, so per device: a process may drive several. */
-    enum { MAX_DEVICES = 64 };
-    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-    static unsigned char loaded_on[MAX_DEVICES];
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= MAX_DEVICES) {
-        (void)cudaGetLastError();
-        return braid__error(BRAID_ERR_CUDA, "device collective: no current device to load the kernels on");
-    }
-    braid_status st = BRAID_OK;
-    pthread_mutex_lock(&mu);
-    int loaded = loaded_on[dev];
-    for (int d = 0; d < BRAID_DTYPE_COUNT && !loaded && st == BRAID_OK; d++)
-        for (int o = 0; o < BRAID_OP_COUNT && st == BRAID_OK; o++) {
-            cudaFuncAttributes attr;
-            cudaError_t err = table.fn[d][o] ? cudaFuncGetAttributes(&attr, (const void *)table.fn[d][o]) : cudaSuccess;
-            if (err != cudaSuccess) {
-                (void)cudaGetLastError();
-                st = braid__error(BRAID_ERR_CUDA, "device collective: cannot load the kernel for dtype %d op %d: %s",
-                                  d, o, cudaGetErrorString(err));
-            }
-        }
-    loaded_on[dev] = st == BRAID_OK;
-    pthread_mutex_unlock(&mu);
-    return st;
+    static braid_cuda_once once = BRAID_CUDA_ONCE_INIT;
+    return braid__cuda_once_per_device(&once, load_all, "device collective");
 #endif
 }
 

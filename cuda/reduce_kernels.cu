@@ -400,20 +400,8 @@ extern "C" braid_status braid__cuda_preload(void)
 {
     if (!braid__cuda_available())
         return braid__error(BRAID_ERR_UNSUPPORTED, "cuda preload: %s", braid__cuda_unavailable_reason());
-    /* Modules load per context, so once per device (a process may drive several). */
-    enum { MAX_DEVICES = 64 };
-    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-    static unsigned char loaded_on[MAX_DEVICES];
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= MAX_DEVICES) {
-        (void)cudaGetLastError();
-        return braid__error(BRAID_ERR_CUDA, "cuda preload: no current device");
-    }
-    pthread_mutex_lock(&mu);
-    braid_status st = loaded_on[dev] ? BRAID_OK : preload_all();
-    loaded_on[dev] = st == BRAID_OK;
-    pthread_mutex_unlock(&mu);
-    return st;
+    static braid_cuda_once once = BRAID_CUDA_ONCE_INIT;
+    return braid__cuda_once_per_device(&once, preload_all, "cuda preload");
 }
 
 static braid_status preload_all(void)
