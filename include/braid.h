@@ -251,8 +251,12 @@ BRAID_API braid_status braid_pg_error(const braid_pg *pg);
 BRAID_API braid_status braid_pg_shrink(braid_pg *pg, int timeout_ms, braid_pg **new_pg);
 
 /** All-reduce `count` elements of `send` into `recv` on every rank.
- *  send == recv is in place. cuda_stream: NULL for host memory or the
- *  default stream. work: NULL blocks until done; else returns a handle. */
+ *  send == recv is in place. Buffers: host memory, or (CUDA builds) CUDA
+ *  device or managed memory on the calling thread's current device.
+ *  cuda_stream: NULL for host memory or the legacy default stream; a
+ *  device call is ordered after the work queued on it before the call.
+ *  work: NULL blocks until done (the result in place); else returns a
+ *  handle at once, and later work on cuda_stream sees the result. */
 BRAID_API braid_status braid_allreduce(braid_pg *pg, const void *send, void *recv, size_t count,
                                        braid_dtype dtype, braid_op op, void *cuda_stream,
                                        braid_work **work);
@@ -278,10 +282,12 @@ BRAID_API braid_status braid_test(braid_work *work, int *done);
 BRAID_API void braid_work_free(braid_work *work);
 
 /* ---- more collectives, point-to-point, groups ------------------------ */
-/* Same conventions as braid_allreduce: host memory unless a CUDA build
- * says otherwise, cuda_stream NULL, work NULL to block. Every rank must
- * make the same calls in the same order (sends and receives excepted);
- * a mismatch fails with BRAID_ERR_MISMATCH naming both calls. */
+/* Same conventions as braid_allreduce: host or CUDA device buffers, a
+ * cuda_stream for device calls, work NULL to block. Every rank must make
+ * the same calls in the same order (sends and receives excepted); a
+ * mismatch fails with BRAID_ERR_MISMATCH naming both calls. Calls inside
+ * braid_group_start/end keep their streams: the group waits for each and,
+ * with a work handle, holds each until all of it is done (docs/CUDA.md). */
 
 /** Reduce `count` elements of `send` over all ranks into `recv` on `root`
  *  (a pipelined chain ending at the root). recv is only written, and only
@@ -300,10 +306,9 @@ BRAID_API braid_status braid_reduce(braid_pg *pg, const void *send, void *recv, 
  * must all call the same *_mulsum function (a plain SUM on another rank
  * is BRAID_ERR_MISMATCH, or BRAID_ERR_PEER on a rank that only saw it
  * fail). A NULL scalar is BRAID_ERR_INVALID_ARG, refused to the peers as
- * a plain call's bad argument is. Host memory only for now: CUDA device
- * buffers are BRAID_ERR_UNSUPPORTED. The input is scaled into recv
- * (allreduce) or a temporary copy when the collective runs, so send is
- * never written. */
+ * a plain call's bad argument is. Device buffers are staged and scaled in
+ * host memory. The input is scaled into recv (allreduce) or a temporary
+ * copy when the collective runs, so send is never written. */
 
 BRAID_API braid_status braid_allreduce_mulsum(braid_pg *pg, const void *send, void *recv, size_t count,
                                               braid_dtype dtype, const void *scalar, void *cuda_stream,

@@ -40,6 +40,7 @@
 #include "log.h"
 #include "status.h"
 #include "transport.h"
+#include "bytes.h"
 
 #define SLOTS_PER_BLOCK 32
 #define PROGRESS_STACK_CONNS 64
@@ -88,17 +89,6 @@ static ck_conn *ck_of(braid_conn *conn)
  * corruption on the way. The counter is process-wide so that a test can
  * aim at "some data message" without knowing which link carries it. */
 static atomic_llong corrupt_seen;
-
-static void put_le32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get_le32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
 
 static braid_status sticky(const ck_conn *c)
 {
@@ -192,8 +182,8 @@ static braid_status post(ck_conn *c, braid_req *req, braid_req_kind kind, void *
     ck_fifo *f = kind == BRAID_REQ_SEND ? &c->send : &c->recv;
     if (kind == BRAID_REQ_SEND) {
         s->crc = braid__crc32c(0, buf, len);
-        put_le32(s->wire, s->crc);
-        put_le32(s->wire + 4, (uint32_t)f->posted);
+        braid__put_le32(s->wire, s->crc);
+        braid__put_le32(s->wire + 4, (uint32_t)f->posted);
         /* Posted back to back: nothing can come between them on the link.
          * After a failed post the connection has failed; the slot stays
          * out of the free list (the transport may still link it) until
@@ -241,7 +231,7 @@ static braid_status verify(ck_conn *c, ck_slot *s)
         BRAID_WARN("rank %d: test hook flipped a bit of message #%" PRIu64 " from peer %d (%zu bytes)", c->rank, s->msg,
                    c->base.peer, o->len);
     }
-    uint32_t want = get_le32(s->wire), msg = get_le32(s->wire + 4);
+    uint32_t want = braid__get_le32(s->wire), msg = braid__get_le32(s->wire + 4);
     c->fault = (braid_checksum_fault){.rank = c->rank,
                                       .peer = c->base.peer,
                                       .msg = s->msg,

@@ -1,5 +1,5 @@
 /* Fault injection for tests: the one place the library reads its test
- * hooks (the TEST section of src/param.c's table). Each function is named
+ * hooks (the TEST section of src/base/param.c's table). Each function is named
  * for the fault it injects and says whether, or where, to inject it; the
  * code that injects it stays with the module it breaks. In production
  * none of these variables is set and every function answers "never". */

@@ -25,16 +25,6 @@
 
 #define STORE_DRAIN_MS 5000 /* longest rank 0 waits at destroy for others to leave its store */
 
-BRAID_API size_t braid_dtype_size(braid_dtype dtype)
-{
-    static const size_t sizes[BRAID_DTYPE_COUNT] = {
-        [BRAID_F32] = 4, [BRAID_F64] = 8, [BRAID_F16] = 2, [BRAID_BF16] = 2,
-        [BRAID_I8] = 1,  [BRAID_U8] = 1,  [BRAID_I32] = 4, [BRAID_I64] = 8,
-        [BRAID_U32] = 4, [BRAID_U64] = 8,
-    };
-    return (unsigned)dtype < BRAID_DTYPE_COUNT ? sizes[dtype] : 0;
-}
-
 BRAID_API int braid_version(void)
 {
     return BRAID_VERSION_MAJOR * 10000 + BRAID_VERSION_MINOR * 100 + BRAID_VERSION_PATCH;

@@ -142,10 +142,10 @@ void braid__shrink_release(braid_pg *pg)
 static braid_status parse_result(braid_pg *pg, int coord, const uint8_t *r, size_t len, int *count, int *port,
                                  char host[RESULT_HOST_BYTES], int *new_rank)
 {
-    if (len < RESULT_HEADER_BYTES || memcmp(r, RESULT_MAGIC, 4) != 0 || get32(r + 4) != RESULT_VERSION)
+    if (len < RESULT_HEADER_BYTES || memcmp(r, RESULT_MAGIC, 4) != 0 || braid__get_be32(r + 4) != RESULT_VERSION)
         return braid__error(BRAID_ERR_PEER, "rank %d: shrink: coordinator rank %d published a malformed decision",
                             pg->rank, coord);
-    uint32_t n = get32(r + 8), p = get32(r + 12);
+    uint32_t n = braid__get_be32(r + 8), p = braid__get_be32(r + 12);
     const char *h = (const char *)r + 16 + BRAID_NONCE_BYTES;
     if (n < 1 || n > (uint32_t)pg->size || len != RESULT_HEADER_BYTES + (size_t)n * 4 || p < 1 || p > 65535 ||
         !memchr(h, '\0', RESULT_HOST_BYTES) || h[0] == '\0')
@@ -154,7 +154,7 @@ static braid_status parse_result(braid_pg *pg, int coord, const uint8_t *r, size
     *new_rank = -1;
     int64_t prev = -1;
     for (uint32_t i = 0; i < n; i++) {
-        uint32_t m = get32(r + RESULT_HEADER_BYTES + 4 * (size_t)i);
+        uint32_t m = braid__get_be32(r + RESULT_HEADER_BYTES + 4 * (size_t)i);
         if (m >= (uint32_t)pg->size || (int64_t)m <= prev)
             return braid__error(BRAID_ERR_PEER,
                                 "rank %d: shrink: coordinator rank %d published a malformed member list", pg->rank,
@@ -164,9 +164,9 @@ static braid_status parse_result(braid_pg *pg, int coord, const uint8_t *r, size
             *new_rank = (int)i;
     }
     /* The coordinator serves the new store, so it must be the new rank 0. */
-    if (get32(r + RESULT_HEADER_BYTES) != (uint32_t)coord)
+    if (braid__get_be32(r + RESULT_HEADER_BYTES) != (uint32_t)coord)
         return braid__error(BRAID_ERR_INTERNAL, "rank %d: shrink: coordinator rank %d is not the lowest member (%u)",
-                            pg->rank, coord, get32(r + RESULT_HEADER_BYTES));
+                            pg->rank, coord, braid__get_be32(r + RESULT_HEADER_BYTES));
     *count = (int)n;
     *port = (int)p;
     memcpy(host, h, RESULT_HOST_BYTES);

@@ -319,8 +319,8 @@ braid_status braid__shrink_decide(braid_pg *pg, struct braid_shrink *s, braid_st
         return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: shrink: out of memory for the decision", pg->rank);
     }
     memcpy(r, RESULT_MAGIC, 4);
-    put32(r + 4, RESULT_VERSION);
-    put32(r + 8, (uint32_t)count);
+    braid__put_be32(r + 4, RESULT_VERSION);
+    braid__put_be32(r + 8, (uint32_t)count);
     BRAID_CHECK_GOTO(braid__random_bytes(r + 16, BRAID_NONCE_BYTES), st, out_free_result);
     if (strlen(pg->ctx.bind_ip) >= RESULT_HOST_BYTES) {
         st = braid__error(BRAID_ERR_INTERNAL, "rank %d: shrink: address %s too long", pg->rank, pg->ctx.bind_ip);
@@ -329,13 +329,13 @@ braid_status braid__shrink_decide(braid_pg *pg, struct braid_shrink *s, braid_st
     memcpy(r + 16 + BRAID_NONCE_BYTES, pg->ctx.bind_ip, strlen(pg->ctx.bind_ip));
     for (int p = 0, i = 0; p < pg->size; p++)
         if (state[p] == RANK_MEMBER)
-            put32(r + RESULT_HEADER_BYTES + 4 * (size_t)i++, (uint32_t)p);
+            braid__put_be32(r + RESULT_HEADER_BYTES + 4 * (size_t)i++, (uint32_t)p);
 
     /* The new group's store: bound now so that its port is in the decision,
      * and served by the init path, which takes the socket back by port. */
     int fd, port;
     BRAID_CHECK_GOTO(braid__sock_listen(pg->ctx.bind_ip, 0, &fd, &port), st, out_free_result);
-    put32(r + 12, (uint32_t)port);
+    braid__put_be32(r + 12, (uint32_t)port);
     braid__prebound_put(port, fd);
     shrink_key(key, sizeof(key), s, "result", -1);
     st = braid__store_set(store, key, r, len);

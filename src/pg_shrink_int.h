@@ -14,6 +14,7 @@
 #include "bootstrap/store.h"
 #include "pg_shrink.h"
 #include "status.h"
+#include "bytes.h"
 
 #define RESULT_MAGIC "BSHR"
 #define RESULT_VERSION 1
@@ -56,19 +57,6 @@ static inline void sleep_ms(int ms)
 {
     struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
-}
-
-static inline void put32(uint8_t *p, uint32_t v)
-{
-    p[0] = (uint8_t)(v >> 24);
-    p[1] = (uint8_t)(v >> 16);
-    p[2] = (uint8_t)(v >> 8);
-    p[3] = (uint8_t)v;
-}
-
-static inline uint32_t get32(const uint8_t *p)
-{
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
 /* This thread's error text without its status name, to quote as a cause. */

@@ -9,6 +9,7 @@
 #include "pg_shrink.h"
 #include "refuse.h"
 #include "status.h"
+#include "bytes.h"
 
 /* Longest the refusing rank spends leaving notices in its peers' stores. */
 #define NOTICE_SEND_MS 2000
@@ -42,39 +43,17 @@ typedef struct {
     uint64_t seq, pg_tag, value;
 } notice;
 
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (24 - 8 * i));
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-    put32(p, (uint32_t)(v >> 32));
-    put32(p + 4, (uint32_t)v);
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-    return (uint64_t)get32(p) << 32 | get32(p + 4);
-}
-
 static void notice_encode(const notice *n, uint8_t out[NOTICE_BYTES])
 {
     memcpy(out, NOTICE_MAGIC, 4);
-    put32(out + 4, n->rank);
+    braid__put_be32(out + 4, n->rank);
     out[8] = (uint8_t)n->kind;
     out[9] = (uint8_t)n->code;
     out[10] = (uint8_t)n->arg;
     out[11] = 0;
-    put64(out + 12, n->seq);
-    put64(out + 20, n->pg_tag);
-    put64(out + 28, n->value);
+    braid__put_be64(out + 12, n->seq);
+    braid__put_be64(out + 20, n->pg_tag);
+    braid__put_be64(out + 28, n->value);
 }
 
 /* The calls a rank refuses to its peers, and so the kinds a notice may
@@ -107,13 +86,13 @@ static int notice_decode(const braid_pg *pg, uint64_t seq, const uint8_t *buf, s
 {
     if (len != NOTICE_BYTES || memcmp(buf, NOTICE_MAGIC, 4) != 0 || buf[11] != 0)
         return 0;
-    n->rank = get32(buf + 4);
+    n->rank = braid__get_be32(buf + 4);
     n->kind = buf[8];
     n->code = buf[9];
     n->arg = buf[10];
-    n->seq = get64(buf + 12);
-    n->pg_tag = get64(buf + 20);
-    n->value = get64(buf + 28);
+    n->seq = braid__get_be64(buf + 12);
+    n->pg_tag = braid__get_be64(buf + 20);
+    n->value = braid__get_be64(buf + 28);
     return n->rank < (uint32_t)pg->size && (int)n->rank != pg->rank && refusable(n->kind) && n->code >= 1 &&
            n->code <= REFUSED_MAX && n->arg <= BUF_MAX && n->seq <= seq && n->pg_tag == pg->ctx.pg_tag;
 }

@@ -1,4 +1,4 @@
-/* The parameter table (src/param.c) as the single source of truth: strict
+/* The parameter table (src/base/param.c) as the single source of truth: strict
  * parsing of integers, sizes, booleans and choices; every bad variable
  * failing group creation at once; the same rank limit in braid_pg_init and
  * braid_pg_init_env; docs/CONFIG.md's tables equal to the table's
@@ -226,7 +226,7 @@ START_TEST(test_config_doc_matches)
     *e = '\0';
     char *want = render();
     ck_assert_msg(strcmp(b, want) == 0,
-                  "docs/CONFIG.md's parameter tables differ from src/param.c: run scripts/config-doc");
+                  "docs/CONFIG.md's parameter tables differ from src/base/param.c: run scripts/config-doc");
     free(want);
     free(doc);
 }
@@ -301,7 +301,7 @@ static void scan_text(scan_state *s, const char *file, const char *text, int may
             const char *a = p + strlen(*r);
             if (*a != '"') {
                 if (strcmp(*r, "getenv(") == 0 && !may_read_computed)
-                    problem(s, file, "getenv() of a computed name (only src/param.c may):", "");
+                    problem(s, file, "getenv() of a computed name (only src/base/param.c may):", "");
                 continue;
             }
             const char *end = strchr(a + 1, '"');
@@ -309,7 +309,7 @@ static void scan_text(scan_state *s, const char *file, const char *text, int may
                 continue;
             char name[128];
             snprintf(name, sizeof(name), "%.*s", (int)(end - a - 1), a + 1);
-            check_name(s, file, name, "reads a variable missing from src/param.c's table:");
+            check_name(s, file, name, "reads a variable missing from src/base/param.c's table:");
         }
     }
     /* Every literal that looks like a variable name. */
@@ -326,7 +326,7 @@ static void scan_text(scan_state *s, const char *file, const char *text, int may
         if (n > 0 && n < 128 && !read_above && looks_like_env(q + 1, n)) {
             char name[128];
             snprintf(name, sizeof(name), "%.*s", (int)n, q + 1);
-            check_name(s, file, name, "names a variable missing from src/param.c's table:");
+            check_name(s, file, name, "names a variable missing from src/base/param.c's table:");
         }
         q = end;
     }
@@ -358,7 +358,7 @@ static void scan_dir(scan_state *s, const char *root, const char *rel)
         char *text = read_file(path);
         if (!text)
             continue;
-        scan_text(s, sub, text, strcmp(sub, "src/param.c") == 0);
+        scan_text(s, sub, text, strcmp(sub, "src/base/param.c") == 0);
         free(text);
     }
     closedir(d);
@@ -392,7 +392,7 @@ START_TEST(test_sources_read_only_table_variables)
     /* The reverse: nothing in the table that no source names. */
     for (size_t i = 0; i < braid__param_count; i++)
         if (!s.seen[i]) {
-            char file[] = "src/param.c";
+            char file[] = "src/base/param.c";
             problem(&s, file, "lists a variable no library source reads:", braid__params[i].name);
         }
     ck_assert_msg(s.nproblems == 0, "%d problems:%s", s.nproblems, s.problems);

@@ -13,6 +13,7 @@
 #include "auth.h"
 #include "sock.h"
 #include "status.h"
+#include "bytes.h"
 
 /* Domain separation: a braid proof is never valid for anything else keyed
  * by the same secret. */
@@ -29,56 +30,23 @@ braid_status braid__random_bytes(void *buf, size_t len)
     return BRAID_OK;
 }
 
-static void put16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)(v >> 8);
-    p[1] = (uint8_t)v;
-}
-
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (24 - 8 * i));
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (56 - 8 * i));
-}
-
-static uint16_t get16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] << 8 | p[1]);
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-    return (uint64_t)get32(p) << 32 | get32(p + 4);
-}
-
 void braid__hello_encode(const braid_hello *h, uint8_t out[BRAID_HELLO_BYTES])
 {
     memcpy(out, BRAID_HELLO_MAGIC, 4);
-    put16(out + 4, h->version);
+    braid__put_be16(out + 4, h->version);
     out[6] = h->role;
     out[7] = 0;
-    put32(out + 8, (uint32_t)h->rank);
-    put32(out + 12, (uint32_t)h->target);
-    put64(out + 16, h->pg_tag);
+    braid__put_be32(out + 8, (uint32_t)h->rank);
+    braid__put_be32(out + 12, (uint32_t)h->target);
+    braid__put_be64(out + 16, h->pg_tag);
     memcpy(out + 24, h->nonce, BRAID_NONCE_BYTES);
-    put16(out + 40, h->sock_index);
-    put16(out + 42, h->nsocks);
-    put32(out + 44, h->job.size);
+    braid__put_be16(out + 40, h->sock_index);
+    braid__put_be16(out + 42, h->nsocks);
+    braid__put_be32(out + 44, h->job.size);
     out[48] = h->job.source;
     out[49] = h->job.checksum;
-    put16(out + 50, 0);
-    put32(out + 52, h->job.secret_id);
+    braid__put_be16(out + 50, 0);
+    braid__put_be32(out + 52, h->job.secret_id);
     /* Longer launcher ids are cut: the field names the job in messages,
      * the secret binds the whole id. */
     size_t n = strnlen(h->job.job_id, BRAID_JOB_ID_BYTES);
@@ -106,18 +74,18 @@ braid_status braid__hello_decode(const uint8_t *buf, size_t len, braid_hello *h)
         return braid__error_quiet(BRAID_ERR_AUTH, "not a braid hello (bad magic %02x%02x%02x%02x)", buf[0], buf[1],
                                   buf[2], buf[3]);
     braid_hello t;
-    t.version = get16(buf + 4);
+    t.version = braid__get_be16(buf + 4);
     t.role = buf[6];
-    t.rank = (int32_t)get32(buf + 8);
-    t.target = (int32_t)get32(buf + 12);
-    t.pg_tag = get64(buf + 16);
+    t.rank = (int32_t)braid__get_be32(buf + 8);
+    t.target = (int32_t)braid__get_be32(buf + 12);
+    t.pg_tag = braid__get_be64(buf + 16);
     memcpy(t.nonce, buf + 24, BRAID_NONCE_BYTES);
-    t.sock_index = get16(buf + 40);
-    t.nsocks = get16(buf + 42);
-    t.job.size = get32(buf + 44);
+    t.sock_index = braid__get_be16(buf + 40);
+    t.nsocks = braid__get_be16(buf + 42);
+    t.job.size = braid__get_be32(buf + 44);
     t.job.source = buf[48];
     t.job.checksum = buf[49];
-    t.job.secret_id = get32(buf + 52);
+    t.job.secret_id = braid__get_be32(buf + 52);
     t.job.has_claim_key = 0;
     memset(t.job.claim_key, 0, sizeof(t.job.claim_key));
     memcpy(t.job.job_id, buf + 56, BRAID_JOB_ID_BYTES);
@@ -131,7 +99,7 @@ braid_status braid__hello_decode(const uint8_t *buf, size_t len, braid_hello *h)
         return braid__error_quiet(BRAID_ERR_AUTH, "unknown flags 0x%02x in hello", buf[7]);
     if (t.rank < 0 || t.target < -1)
         return braid__error_quiet(BRAID_ERR_AUTH, "rank %d / target %d out of range in hello", t.rank, t.target);
-    if (t.job.size > 0x7fffffffu || t.job.source > BRAID_SECRET_MAX || t.job.checksum > 1 || get16(buf + 50) != 0 ||
+    if (t.job.size > 0x7fffffffu || t.job.source > BRAID_SECRET_MAX || t.job.checksum > 1 || braid__get_be16(buf + 50) != 0 ||
         !job_id_valid(buf + 56))
         return braid__error_quiet(BRAID_ERR_AUTH, "job parameters out of range in hello");
     *h = t;
@@ -182,7 +150,7 @@ braid_status braid__auth_mac_check(const uint8_t secret[BRAID_SECRET_BYTES], uin
 
 void braid__auth_result_encode(uint32_t result, uint8_t out[BRAID_RESULT_BYTES])
 {
-    put32(out, result);
+    braid__put_be32(out, result);
 }
 
 braid_status braid__auth_result_decode(const uint8_t *buf, size_t len, uint32_t *result)
@@ -190,7 +158,7 @@ braid_status braid__auth_result_decode(const uint8_t *buf, size_t len, uint32_t 
     if (!buf || len != BRAID_RESULT_BYTES)
         return braid__error_quiet(BRAID_ERR_AUTH, "handshake result of %zu bytes, expected %d", buf ? len : 0,
                                   BRAID_RESULT_BYTES);
-    uint32_t r = get32(buf);
+    uint32_t r = braid__get_be32(buf);
     if (r > BRAID_AUTH_REJECT_MAX)
         return braid__error_quiet(BRAID_ERR_AUTH, "unknown handshake result %u", r);
     *result = r;
@@ -226,7 +194,7 @@ uint32_t braid__secret_id(const uint8_t secret[BRAID_SECRET_BYTES])
     unsigned int len = 0;
     if (!EVP_Digest(msg, sizeof(msg), d, &len, EVP_sha256(), NULL))
         return 0;
-    uint32_t id = get32(d);
+    uint32_t id = braid__get_be32(d);
     OPENSSL_cleanse(msg, sizeof(msg));
     return id ? id : 1; /* 0 would read as "unstated" in messages */
 }

@@ -4,34 +4,7 @@
 #include <string.h>
 
 #include "cuda_ipc_proto.h"
-
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++)
-        v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
+#include "bytes.h"
 
 static braid_status bad(char *why, size_t why_len, const char *what)
 {
@@ -45,13 +18,13 @@ static braid_status bad(char *why, size_t why_len, const char *what)
 void braid__ipc_setup_encode(const braid_ipc_setup *s, uint8_t out[BRAID_IPC_SETUP_BYTES])
 {
     memset(out, 0, BRAID_IPC_SETUP_BYTES);
-    put32(out, BRAID_IPC_SETUP_MAGIC);
-    put32(out + 4, s->version);
-    put32(out + 8, (uint32_t)s->device);
-    put32(out + 12, s->nslots);
-    put32(out + 16, s->slot_bytes);
-    put32(out + 20, s->pid);
-    put64(out + 24, s->host_hash);
+    braid__put_le32(out, BRAID_IPC_SETUP_MAGIC);
+    braid__put_le32(out + 4, s->version);
+    braid__put_le32(out + 8, (uint32_t)s->device);
+    braid__put_le32(out + 12, s->nslots);
+    braid__put_le32(out + 16, s->slot_bytes);
+    braid__put_le32(out + 20, s->pid);
+    braid__put_le64(out + 24, s->host_hash);
     memcpy(out + 32, s->bus_id, BRAID_IPC_BUS_ID_BYTES);
     out[32 + BRAID_IPC_BUS_ID_BYTES - 1] = '\0';
     memcpy(out + 32 + BRAID_IPC_BUS_ID_BYTES, s->ring, BRAID_IPC_HANDLE_BYTES);
@@ -62,26 +35,26 @@ void braid__ipc_setup_encode(const braid_ipc_setup *s, uint8_t out[BRAID_IPC_SET
 braid_status braid__ipc_setup_decode(const uint8_t in[BRAID_IPC_SETUP_BYTES], braid_ipc_setup *s, char *why,
                                      size_t why_len)
 {
-    if (get32(in) != BRAID_IPC_SETUP_MAGIC)
+    if (braid__get_le32(in) != BRAID_IPC_SETUP_MAGIC)
         return bad(why, why_len, "cuda_ipc set-up message has a bad magic number");
     braid_ipc_setup d;
     memset(&d, 0, sizeof(d));
-    d.version = get32(in + 4);
+    d.version = braid__get_le32(in + 4);
     if (d.version != BRAID_IPC_VERSION) {
         if (why && why_len)
             snprintf(why, why_len, "cuda_ipc set-up version %u, expected %u", d.version, BRAID_IPC_VERSION);
         return BRAID_ERR_MISMATCH;
     }
-    d.device = (int32_t)get32(in + 8);
-    d.nslots = get32(in + 12);
-    d.slot_bytes = get32(in + 16);
-    d.pid = get32(in + 20);
+    d.device = (int32_t)braid__get_le32(in + 8);
+    d.nslots = braid__get_le32(in + 12);
+    d.slot_bytes = braid__get_le32(in + 16);
+    d.pid = braid__get_le32(in + 20);
     if (d.nslots > BRAID_IPC_MAX_SLOTS)
         return bad(why, why_len, "cuda_ipc set-up message has a slot count out of range");
     if (d.nslots == 0 ? d.slot_bytes != 0
                       : d.slot_bytes < 4096 || d.slot_bytes % 256 != 0 || d.slot_bytes > (1u << 30))
         return bad(why, why_len, "cuda_ipc set-up message has an invalid slot size");
-    d.host_hash = get64(in + 24);
+    d.host_hash = braid__get_le64(in + 24);
     memcpy(d.bus_id, in + 32, BRAID_IPC_BUS_ID_BYTES);
     /* No slots (the sender cannot use IPC): the bus id may be empty. */
     if (memchr(d.bus_id, '\0', BRAID_IPC_BUS_ID_BYTES) == NULL || (d.nslots > 0 && d.bus_id[0] == '\0'))
@@ -101,17 +74,17 @@ braid_status braid__ipc_setup_decode(const uint8_t in[BRAID_IPC_SETUP_BYTES], br
 
 void braid__ipc_ctrl_encode(const braid_ipc_ctrl *c, uint8_t out[BRAID_IPC_CTRL_BYTES])
 {
-    put32(out, (uint32_t)c->kind | (c->last ? 1u << 16 : 0));
-    put32(out + 4, c->slot);
-    put64(out + 8, c->len);
+    braid__put_le32(out, (uint32_t)c->kind | (c->last ? 1u << 16 : 0));
+    braid__put_le32(out + 4, c->slot);
+    braid__put_le64(out + 8, c->len);
 }
 
 braid_status braid__ipc_ctrl_decode(const uint8_t in[BRAID_IPC_CTRL_BYTES], uint32_t nslots, uint32_t slot_bytes,
                                     braid_ipc_ctrl *c, char *why, size_t why_len)
 {
-    uint32_t word = get32(in);
-    braid_ipc_ctrl d = {.kind = (braid_ipc_ctrl_kind)(word & 0xffff), .slot = get32(in + 4), .last = (word >> 16) == 1,
-                        .len = get64(in + 8)};
+    uint32_t word = braid__get_le32(in);
+    braid_ipc_ctrl d = {.kind = (braid_ipc_ctrl_kind)(word & 0xffff), .slot = braid__get_le32(in + 4), .last = (word >> 16) == 1,
+                        .len = braid__get_le64(in + 8)};
     if (d.kind != BRAID_IPC_DATA && d.kind != BRAID_IPC_CREDIT && d.kind != BRAID_IPC_VERDICT && d.kind != BRAID_IPC_BYE)
         return bad(why, why_len, "cuda_ipc control message of unknown kind");
     if (d.kind == BRAID_IPC_BYE) {

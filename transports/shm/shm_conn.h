@@ -47,6 +47,7 @@
 
 #include "braid_transport.h"
 #include "transports/common/ops.h"
+#include "bytes.h"
 
 #define BRAID_SHM_RING_BYTES ((size_t)4 << 20)   /* per direction; a power of two */
 #define BRAID_SHM_CTRL_BYTES ((size_t)4096)
@@ -121,21 +122,6 @@ typedef struct {
 static inline braid_shm_conn *braid__shm_conn_of(braid_conn *conn)
 {
     return (braid_shm_conn *)conn; /* base is the first member */
-}
-
-/* Ring headers are little-endian 64-bit words. */
-static inline void braid__shm_put_le64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static inline uint64_t braid__shm_get_le64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
 }
 
 static inline size_t braid__shm_map_bytes(size_t ring_bytes)

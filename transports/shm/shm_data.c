@@ -219,8 +219,8 @@ static int send_header(braid_shm_conn *c, braid_req *r, uint64_t *head, size_t *
     if (*space < hdr_len)
         return 0;
     uint8_t hdr[2 * BRAID_SHM_HDR_BYTES];
-    braid__shm_put_le64(hdr, (uint64_t)r->len | (cma ? BRAID_SHM_CMA_FLAG : 0));
-    braid__shm_put_le64(hdr + BRAID_SHM_HDR_BYTES, (uint64_t)(uintptr_t)r->buf);
+    braid__put_le64(hdr, (uint64_t)r->len | (cma ? BRAID_SHM_CMA_FLAG : 0));
+    braid__put_le64(hdr + BRAID_SHM_HDR_BYTES, (uint64_t)(uintptr_t)r->buf);
     ring_write(c, *head, hdr, hdr_len);
     *head += hdr_len;
     *space -= hdr_len;
@@ -242,7 +242,7 @@ static void maybe_rewind(braid_shm_conn *c, const braid_req *r, uint64_t *head, 
     if (off < used + need || c->ring_bytes - off < BRAID_SHM_HDR_BYTES)
         return;
     uint8_t hdr[BRAID_SHM_HDR_BYTES];
-    braid__shm_put_le64(hdr, (uint64_t)(c->ring_bytes - off) | BRAID_SHM_SKIP_FLAG);
+    braid__put_le64(hdr, (uint64_t)(c->ring_bytes - off) | BRAID_SHM_SKIP_FLAG);
     ring_write(c, *head, hdr, sizeof(hdr));
     *head += c->ring_bytes - off;
     *space = off - used;
@@ -304,7 +304,7 @@ static int recv_header(braid_shm_conn *c, braid_req *r, uint64_t *tail, size_t *
         if (*avail < BRAID_SHM_HDR_BYTES)
             return 0;
         ring_read(c, *tail, hdr, BRAID_SHM_HDR_BYTES);
-        word = braid__shm_get_le64(hdr);
+        word = braid__get_le64(hdr);
         if (!(word & BRAID_SHM_SKIP_FLAG))
             break;
         uint64_t skip = word & ~BRAID_SHM_SKIP_FLAG; /* the sender rewound (maybe_rewind) */
@@ -328,7 +328,7 @@ static int recv_header(braid_shm_conn *c, braid_req *r, uint64_t *tail, size_t *
         if (*avail < 2 * BRAID_SHM_HDR_BYTES)
             return 0; /* cannot happen: header and address are published together */
         ring_read(c, *tail + BRAID_SHM_HDR_BYTES, hdr + BRAID_SHM_HDR_BYTES, BRAID_SHM_HDR_BYTES);
-        r->REQ_REMOTE = braid__shm_get_le64(hdr + BRAID_SHM_HDR_BYTES);
+        r->REQ_REMOTE = braid__get_le64(hdr + BRAID_SHM_HDR_BYTES);
         r->REQ_CMA = 1;
         *tail += BRAID_SHM_HDR_BYTES;
         *avail -= BRAID_SHM_HDR_BYTES;

@@ -21,6 +21,7 @@
 #include "param.h"
 #include "status.h"
 #include "tcp_conn.h"
+#include "bytes.h"
 
 #define IOV_BATCH 64
 #define POLL_STACK_FDS 64
@@ -28,20 +29,6 @@
 /* Request scratch (braid_req.tp). */
 #define TP_HDR 0     /* the 8 header bytes, as sent or received */
 #define TP_PENDING 1 /* sockets that still have to move their stripe */
-
-static void put_be64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (56 - 8 * i));
-}
-
-static uint64_t get_be64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v = v << 8 | p[i];
-    return v;
-}
 
 static size_t hdr_bytes(int k)
 {
@@ -137,7 +124,7 @@ static braid_status advance(braid_tcp_conn *c, int k, braid_req **cur, size_t *o
         *off += step;
         n -= step;
         if (hdr_done) {
-            uint64_t sent = get_be64((const uint8_t *)&r->tp[TP_HDR]);
+            uint64_t sent = braid__get_be64((const uint8_t *)&r->tp[TP_HDR]);
             if (sent != (uint64_t)r->len)
                 return conn_fail(c, BRAID_ERR_MISMATCH,
                                  "sent a message of %llu bytes where this rank posted a receive of %zu bytes "
@@ -262,7 +249,7 @@ static braid_status post(braid_tcp_conn *c, braid_req *req, braid_req_kind kind,
     req->buf = buf;
     req->len = len;
     if (kind == BRAID_REQ_SEND)
-        put_be64((uint8_t *)&req->tp[TP_HDR], (uint64_t)len);
+        braid__put_be64((uint8_t *)&req->tp[TP_HDR], (uint64_t)len);
 
     braid_req **head = kind == BRAID_REQ_SEND ? &c->send_head : &c->recv_head;
     braid_req **tail = kind == BRAID_REQ_SEND ? &c->send_tail : &c->recv_tail;

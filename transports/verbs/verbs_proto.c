@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "verbs_proto.h"
+#include "bytes.h"
 
 #define IMM_KIND_SHIFT 30
 #define IMM_LAST_BIT (1u << 29)
@@ -183,64 +184,25 @@ void braid__verbs_rx_returned(braid_verbs_rx *rx, uint32_t n)
 
 /* ---- set-up message ------------------------------------------------------ */
 
-static void put16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint16_t get16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | (p[1] << 8));
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++)
-        v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
 static const uint8_t info_magic[4] = {'B', 'V', 'Q', '1'};
 
 void braid__verbs_info_encode(const braid_verbs_info *info, uint8_t out[BRAID_VERBS_INFO_BYTES])
 {
     memset(out, 0, BRAID_VERBS_INFO_BYTES);
     memcpy(out, info_magic, 4);
-    put16(out + 4, BRAID_VERBS_INFO_VERSION);
+    braid__put_le16(out + 4, BRAID_VERBS_INFO_VERSION);
     out[6] = info->link_layer;
     out[7] = info->mtu;
-    put32(out + 8, info->qpn);
-    put32(out + 12, info->psn);
-    put16(out + 16, info->lid);
-    put16(out + 18, info->flags);
+    braid__put_le32(out + 8, info->qpn);
+    braid__put_le32(out + 12, info->psn);
+    braid__put_le16(out + 16, info->lid);
+    braid__put_le16(out + 18, info->flags);
     memcpy(out + 20, info->gid, 16);
-    put32(out + 36, info->nslots);
-    put32(out + 40, info->slot_bytes);
-    put64(out + 44, info->ring_addr);
-    put32(out + 52, info->ring_rkey);
-    put32(out + 56, (uint32_t)info->rank);
+    braid__put_le32(out + 36, info->nslots);
+    braid__put_le32(out + 40, info->slot_bytes);
+    braid__put_le64(out + 44, info->ring_addr);
+    braid__put_le32(out + 52, info->ring_rkey);
+    braid__put_le32(out + 56, (uint32_t)info->rank);
 }
 
 braid_status braid__verbs_info_decode(const uint8_t *buf, size_t len, braid_verbs_info *info, char *why, size_t why_len)
@@ -249,24 +211,24 @@ braid_status braid__verbs_info_decode(const uint8_t *buf, size_t len, braid_verb
         return reject(why, why_len, "set-up message of %zu bytes, expected %d", len, BRAID_VERBS_INFO_BYTES);
     if (memcmp(buf, info_magic, 4) != 0)
         return reject(why, why_len, "set-up message has a bad magic (not a verbs peer?)");
-    uint16_t version = get16(buf + 4);
+    uint16_t version = braid__get_le16(buf + 4);
     if (version != BRAID_VERBS_INFO_VERSION)
         return reject(why, why_len, "set-up message version %u, this build speaks %u", version,
                       BRAID_VERBS_INFO_VERSION);
     braid_verbs_info d;
     d.link_layer = buf[6];
     d.mtu = buf[7];
-    d.qpn = get32(buf + 8);
-    d.psn = get32(buf + 12);
-    d.lid = get16(buf + 16);
-    d.flags = get16(buf + 18);
+    d.qpn = braid__get_le32(buf + 8);
+    d.psn = braid__get_le32(buf + 12);
+    d.lid = braid__get_le16(buf + 16);
+    d.flags = braid__get_le16(buf + 18);
     memcpy(d.gid, buf + 20, 16);
-    d.nslots = get32(buf + 36);
-    d.slot_bytes = get32(buf + 40);
-    d.ring_addr = get64(buf + 44);
-    d.ring_rkey = get32(buf + 52);
-    d.rank = (int32_t)get32(buf + 56);
-    uint32_t reserved = get32(buf + 60);
+    d.nslots = braid__get_le32(buf + 36);
+    d.slot_bytes = braid__get_le32(buf + 40);
+    d.ring_addr = braid__get_le64(buf + 44);
+    d.ring_rkey = braid__get_le32(buf + 52);
+    d.rank = (int32_t)braid__get_le32(buf + 56);
+    uint32_t reserved = braid__get_le32(buf + 60);
 
     if (d.link_layer != BRAID_VERBS_LINK_IB && d.link_layer != BRAID_VERBS_LINK_ETH)
         return reject(why, why_len, "set-up message has unknown link layer %u", d.link_layer);

@@ -57,7 +57,7 @@ static void print_values(FILE *out, const braid_param_info *p)
 
 void braid__params_markdown(FILE *out)
 {
-    fputs("<!-- Generated from src/param.c by scripts/config-doc; edit the table there. -->\n", out);
+    fputs("<!-- Generated from src/base/param.c by scripts/config-doc; edit the table there. -->\n", out);
     for (int s = 0; s < BRAID_PARAM_SECTION_COUNT; s++) {
         fprintf(out, "\n### %s\n\n| variable | default | values | meaning |\n| --- | --- | --- | --- |\n",
                 section_titles[s]);
