@@ -325,27 +325,39 @@ static braid_status group_submit(braid_pg *pg, const braid_coll *group, braid_wo
     return st;
 }
 
+/* Host buffers with a stream: the stream's earlier work (say a copy into
+ * these buffers) must be finished before they are read. */
+static braid_status host_stream_wait(braid_pg *pg, const char *op, void *cuda_stream)
+{
+    if (!braid__cuda_available())
+        return braid__error(BRAID_ERR_UNSUPPORTED, "rank %d: %s: a CUDA stream was given but %s", pg->rank, op,
+                            braid__cuda_unavailable_reason());
+    return braid__cuda_stream_sync(cuda_stream);
+}
+
+/* Device buffers must be on the calling thread's current device. */
+static braid_status on_current_device(braid_pg *pg, const char *op, int device)
+{
+    int cur = -1;
+    CUDA_CALL(cudaGetDevice(&cur), "cudaGetDevice", pg->rank);
+    if (cur != device)
+        return braid__error(BRAID_ERR_INVALID_ARG,
+                            "rank %d: %s: buffers are on device %d but the calling thread's current device is %d "
+                            "(cudaSetDevice first)",
+                            pg->rank, op, device, cur);
+    return BRAID_OK;
+}
+
 /* A call inside the calling thread's open group is recorded with its
  * stream; braid_group_end queues the group (group_submit). */
 static braid_status group_record(braid_pg *pg, const braid_coll *coll, int dev, int device, void *cuda_stream,
                                  braid_work **work)
 {
     const char *op = braid__coll_name(coll->kind);
-    if (!dev && cuda_stream && coll->count > 0) { /* nothing to read: no wait */
-        if (!braid__cuda_available())
-            return braid__error(BRAID_ERR_UNSUPPORTED, "rank %d: %s: a CUDA stream was given but %s", pg->rank, op,
-                                braid__cuda_unavailable_reason());
-        BRAID_CHECK(braid__cuda_stream_sync(cuda_stream)); /* host buffers: written by the stream's earlier work */
-    }
-    if (dev) {
-        int cur = -1;
-        CUDA_CALL(cudaGetDevice(&cur), "cudaGetDevice", pg->rank);
-        if (cur != device)
-            return braid__error(BRAID_ERR_INVALID_ARG,
-                                "rank %d: %s: buffers are on device %d but the calling thread's current device is %d "
-                                "(cudaSetDevice first)",
-                                pg->rank, op, device, cur);
-    }
+    if (!dev && cuda_stream && coll->count > 0) /* nothing to read: no wait */
+        BRAID_CHECK(host_stream_wait(pg, op, cuda_stream));
+    if (dev)
+        BRAID_CHECK(on_current_device(pg, op, device));
     braid_coll c = *coll;
     c.stream = dev ? cuda_stream : NULL;
     return braid__work_submit(pg, &c, work); /* recorded */
@@ -364,24 +376,11 @@ braid_status braid__hmem_submit(braid_pg *pg, const braid_coll *coll, void *cuda
     if (braid__group_open_here(pg))
         return group_record(pg, coll, dev, device, cuda_stream, work);
     if (!dev) {
-        if (!cuda_stream)
-            return braid__work_submit(pg, coll, work); /* the CPU path, untouched */
-        /* Host buffers with a stream: the stream's earlier work (say a copy
-         * into these buffers) must be finished before we read them. */
-        if (!braid__cuda_available())
-            return braid__error(BRAID_ERR_UNSUPPORTED, "rank %d: %s: a CUDA stream was given but %s", pg->rank,
-                                op, braid__cuda_unavailable_reason());
-        BRAID_CHECK(braid__cuda_stream_sync(cuda_stream));
+        if (cuda_stream) /* the CPU path, untouched, without a stream */
+            BRAID_CHECK(host_stream_wait(pg, op, cuda_stream));
         return braid__work_submit(pg, coll, work);
     }
-
-    int cur = -1;
-    CUDA_CALL(cudaGetDevice(&cur), "cudaGetDevice", pg->rank);
-    if (cur != device)
-        return braid__error(BRAID_ERR_INVALID_ARG,
-                            "rank %d: %s: buffers are on device %d but the calling thread's current device is %d "
-                            "(cudaSetDevice first)",
-                            pg->rank, op, device, cur);
+    BRAID_CHECK(on_current_device(pg, op, device));
     if (one_rank_copy(pg, coll))
         return one_rank_run(pg, coll, cuda_stream, work);
     if (!coll->refused && (coll->kind == BRAID_COLL_ALLREDUCE || coll->kind == BRAID_COLL_BROADCAST))

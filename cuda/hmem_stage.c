@@ -115,37 +115,22 @@ static braid_status copy_blocks(braid_pg *pg, void *dst, size_t dpitch, const vo
     return BRAID_OK;
 }
 
-/* Piece k's inputs into half `pin`, on d2h; *queued: a copy was queued. */
-static braid_status down(braid_pg *pg, braid_piece_plan *plans, int n, size_t k, char *pin, int *queued)
+/* Piece k's inputs into half `pin` (down, on d2h) or its results out of
+ * it (up, on h2d); *queued: a copy was queued. */
+static braid_status copy_step(braid_pg *pg, braid_piece_plan *plans, int n, size_t k, char *pin, int down, int *queued)
 {
-    cudaStream_t s = pg->hmem->d2h;
+    cudaStream_t s = down ? pg->hmem->d2h : pg->hmem->h2d;
     *queued = 0;
     for (int i = 0; i < n; i++) {
         braid_piece_plan *p = &plans[i];
         size_t off, len;
-        if (p->whole || !p->down || !braid__plan_piece(p, k, &off, &len) || len == 0)
+        if (p->whole || !(down ? p->down : p->up) || !braid__plan_piece(p, k, &off, &len) || len == 0)
             continue;
-        size_t w = len * p->esize, block = p->op->count * p->esize;
-        const char *src = (const char *)p->op->send + off * p->esize;
-        BRAID_CHECK(copy_blocks(pg, pin + p->soff, w, src, block, w, p->srows, s));
-        *queued = 1;
-    }
-    return BRAID_OK;
-}
-
-/* Piece k's results out of half `pin`, on h2d. */
-static braid_status up(braid_pg *pg, braid_piece_plan *plans, int n, size_t k, const char *pin, int *queued)
-{
-    cudaStream_t s = pg->hmem->h2d;
-    *queued = 0;
-    for (int i = 0; i < n; i++) {
-        braid_piece_plan *p = &plans[i];
-        size_t off, len;
-        if (p->whole || !p->up || !braid__plan_piece(p, k, &off, &len) || len == 0)
-            continue;
-        size_t w = len * p->esize, block = p->op->count * p->esize;
-        char *dst = (char *)p->op->recv + off * p->esize;
-        BRAID_CHECK(copy_blocks(pg, dst, block, pin + p->roff, w, w, p->rrows, s));
+        size_t w = len * p->esize, block = p->op->count * p->esize, at = off * p->esize;
+        if (down)
+            BRAID_CHECK(copy_blocks(pg, pin + p->soff, w, (const char *)p->op->send + at, block, w, p->srows, s));
+        else
+            BRAID_CHECK(copy_blocks(pg, (char *)p->op->recv + at, block, pin + p->roff, w, w, p->rrows, s));
         *queued = 1;
     }
     return BRAID_OK;
@@ -193,7 +178,7 @@ static braid_status stage_steps(braid_pg *pg, const segment *sg, braid_piece_pla
     size_t steps = braid__plan_steps(plans, n);
     int down_queued[2] = {0, 0}, up_queued[2] = {0, 0};
     if (steps > 0) {
-        BRAID_CHECK(down(pg, plans, n, 0, pool[0], &down_queued[0]));
+        BRAID_CHECK(copy_step(pg, plans, n, 0, pool[0], 1, &down_queued[0]));
         CUDA_CALL(cudaEventRecord(h->down_done[0], h->d2h), "cudaEventRecord", pg->rank);
     }
     for (size_t k = 0; k < steps; k++) {
@@ -202,7 +187,7 @@ static braid_status stage_steps(braid_pg *pg, const segment *sg, braid_piece_pla
             /* Half nb is written again only once its last up copies finished. */
             if (up_queued[nb])
                 CUDA_CALL(cudaStreamWaitEvent(h->d2h, h->up_done[nb], 0), "cudaStreamWaitEvent", pg->rank);
-            BRAID_CHECK(down(pg, plans, n, k + 1, pool[nb], &down_queued[nb]));
+            BRAID_CHECK(copy_step(pg, plans, n, k + 1, pool[nb], 1, &down_queued[nb]));
             CUDA_CALL(cudaEventRecord(h->down_done[nb], h->d2h), "cudaEventRecord", pg->rank);
         }
         /* The host reads half b once its inputs are down and writes it once
@@ -212,7 +197,7 @@ static braid_status stage_steps(braid_pg *pg, const segment *sg, braid_piece_pla
         if (up_queued[b])
             BRAID_CHECK(event_sync(pg, h->up_done[b]));
         BRAID_CHECK(run_step(pg, sg, plans, n, k, pool[b], pieces));
-        BRAID_CHECK(up(pg, plans, n, k, pool[b], &up_queued[b]));
+        BRAID_CHECK(copy_step(pg, plans, n, k, pool[b], 0, &up_queued[b]));
         CUDA_CALL(cudaEventRecord(h->up_done[b], h->h2d), "cudaEventRecord", pg->rank);
     }
     CUDA_CALL(cudaStreamSynchronize(h->h2d), "cudaStreamSynchronize", pg->rank);

@@ -104,10 +104,6 @@ ncclResult_t nccl__dev_submit(ncclComm_t comm, nccl_op *ops, int n)
     int device = batch_device(ops, n);
     if (device < 0)
         return nccl__fail(ncclInternalError, "%s: no device buffer in a device batch", call);
-    if (nccl__engine_takes(ops, n))
-        return nccl__engine_submit(comm, &ops[0], device);
-    if (one_rank_copies(comm, ops, n))
-        return one_rank_submit(comm, ops, n, call);
     /* braid runs device calls on the calling thread's device, so the
      * thread is on the buffers' for the length of the call, as NCCL's
      * enqueue is on the communicator's. */
@@ -117,13 +113,20 @@ ncclResult_t nccl__dev_submit(ncclComm_t comm, nccl_op *ops, int n)
         err = cudaSetDevice(device);
     if (err != cudaSuccess)
         return cuda_fail(err, "cudaSetDevice", call);
-    braid_work *w = NULL;
-    ncclResult_t r = nccl__exec_start(comm, ops, n, &w);
+    ncclResult_t r;
+    if (nccl__engine_takes(ops, n)) {
+        r = nccl__engine_submit(comm, &ops[0]);
+    } else if (one_rank_copies(comm, ops, n)) {
+        r = one_rank_submit(comm, ops, n, call);
+    } else {
+        braid_work *w = NULL;
+        r = nccl__exec_start(comm, ops, n, &w);
+        if (r == ncclSuccess)
+            r = nccl__inflight_add(comm, w, call);
+    }
     if (cur >= 0 && cur != device)
         (void)cudaSetDevice(cur);
-    if (r != ncclSuccess)
-        return r;
-    return nccl__inflight_add(comm, w, call);
+    return r;
 }
 
 void nccl__dev_attach(ncclComm_t comm)

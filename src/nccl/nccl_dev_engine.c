@@ -1,15 +1,7 @@
 /* Device all-reduce and broadcast of the NCCL shim on braid's own device
  * path (CUDA build; nccl_dev.c decides which calls come here). */
-#include <cuda_runtime_api.h>
-
 #include "coll_check.h"
 #include "nccl_internal.h"
-
-static ncclResult_t cuda_fail(cudaError_t err, const char *what, const char *call)
-{
-    (void)cudaGetLastError();
-    return nccl__fail(ncclUnhandledCudaError, "%s: %s failed: %s", call, what, cudaGetErrorString(err));
-}
 
 /* Whether the batch is an all-reduce or a broadcast outside a group, which
  * braid takes with its buffers classified already (braid__hmem_submit:
@@ -21,19 +13,12 @@ int nccl__engine_takes(const nccl_op *ops, int n)
     return n == 1 && !ops[0].pm.used && (ops[0].kind == NCCL_OP_ALLREDUCE || ops[0].kind == NCCL_OP_BROADCAST);
 }
 
-/* Hand op to braid with a work handle: the call returns once it is queued,
- * and op->stream is held (by a gate, or by the kernel itself) until the
- * result is in place. Calls braid runs on the calling thread's device, so
- * the thread is on the buffers' device for the length of the call, as
- * NCCL's enqueue is on the communicator's. */
-ncclResult_t nccl__engine_submit(ncclComm_t comm, const nccl_op *op, int device)
+/* Hand op to braid with a work handle, on the calling thread's device
+ * (nccl__dev_submit made it the buffers'): the call returns once it is
+ * queued, and op->stream is held (by a gate, or by the kernel itself)
+ * until the result is in place. */
+ncclResult_t nccl__engine_submit(ncclComm_t comm, const nccl_op *op)
 {
-    int cur = -1;
-    cudaError_t err = cudaGetDevice(&cur);
-    if (err == cudaSuccess && cur != device)
-        err = cudaSetDevice(device);
-    if (err != cudaSuccess)
-        return cuda_fail(err, "cudaSetDevice", op->call);
     braid_work *w = NULL;
     braid_status st = BRAID_OK;
     ncclResult_t r = ncclSuccess;
@@ -50,8 +35,6 @@ ncclResult_t nccl__engine_submit(ncclComm_t comm, const nccl_op *op, int device)
         if (r == ncclSuccess)
             st = braid__broadcast_classified(comm->pg, op->recv, op->count, op->dtype, op->root, mem, op->stream, &w);
     }
-    if (cur >= 0 && cur != device)
-        (void)cudaSetDevice(cur);
     if (r != ncclSuccess)
         return r;
     if (st != BRAID_OK)

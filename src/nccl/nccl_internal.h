@@ -247,9 +247,9 @@ ncclResult_t nccl__dev_root_copy(const nccl_op *op);
 
 /* braid's own device path (nccl_dev_engine.c): whether it takes the batch
  * (an all-reduce or broadcast outside a group), and hand the one op to it
- * on device `device`; returns once queued. */
+ * on the calling thread's device; returns once queued. */
 int nccl__engine_takes(const nccl_op *ops, int n);
-ncclResult_t nccl__engine_submit(ncclComm_t comm, const nccl_op *op, int device);
+ncclResult_t nccl__engine_submit(ncclComm_t comm, const nccl_op *op);
 
 /* A device-collective kernel that gave up (BRAID_DEVCOLL=1) becomes the
  * communicator's asynchronous error (ncclRemoteError), once. */
