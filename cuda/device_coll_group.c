@@ -470,7 +470,7 @@ int braid__devcoll_takes(braid_pg *pg, const braid_coll *coll, int device)
 braid_status braid__devcoll_run(braid_pg *pg, const braid_coll *coll, void *stream, braid_work **work)
 {
     struct braid_devcoll_group *g = pg->devcoll;
-    const char *op = braid__coll_name(coll->kind);
+    const char *op = braid__kind(coll->kind)->name;
     if (braid__devcoll_faulted(g))
         return fault_status(pg, op);
     BRAID_CHECK(braid__pg_check_usable(pg, op));

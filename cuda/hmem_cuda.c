@@ -183,7 +183,7 @@ static int one_rank_copy(const braid_pg *pg, const braid_coll *coll)
 
 static braid_status one_rank_run(braid_pg *pg, const braid_coll *coll, void *stream, braid_work **work)
 {
-    BRAID_CHECK(braid__pg_check_usable(pg, braid__coll_name(coll->kind)));
+    BRAID_CHECK(braid__pg_check_usable(pg, braid__kind(coll->kind)->name));
     if (coll->recv != coll->send)
         BRAID_CHECK(braid__cuda_memcpy_async(coll->recv, coll->send, coll->count * braid_dtype_size(coll->dtype),
                                              stream));
@@ -353,7 +353,7 @@ static braid_status on_current_device(braid_pg *pg, const char *op, int device)
 static braid_status group_record(braid_pg *pg, const braid_coll *coll, int dev, int device, void *cuda_stream,
                                  braid_work **work)
 {
-    const char *op = braid__coll_name(coll->kind);
+    const char *op = braid__kind(coll->kind)->name;
     if (!dev && cuda_stream && coll->count > 0) /* nothing to read: no wait */
         BRAID_CHECK(host_stream_wait(pg, op, cuda_stream));
     if (dev)
@@ -367,7 +367,7 @@ braid_status braid__hmem_submit(braid_pg *pg, const braid_coll *coll, void *cuda
 {
     if (coll->kind == BRAID_COLL_GROUP)
         return group_submit(pg, coll, work);
-    const char *op = braid__coll_name(coll->kind);
+    const char *op = braid__kind(coll->kind)->name;
     int device = -1, both = 0;
     int dev = coll->count > 0 ? buffer_device(coll, &device, &both) : 0;
     if (dev < 0)

@@ -24,11 +24,6 @@
 #include "hmem_cuda.h"
 #include "hmem_plan.h"
 
-static int is_p2p(const braid_coll *op)
-{
-    return op->kind == BRAID_COLL_SEND || op->kind == BRAID_COLL_RECV;
-}
-
 /* A segment of a job: ops[0..n) staged together; run as a group like
  * `group` (its ops replaced), or alone where group is NULL. */
 typedef struct {
@@ -51,7 +46,7 @@ static int next_segment(braid_coll *coll, int *next, uint64_t *seq, segment *sg)
     }
     if (i >= coll->nops)
         return 0;
-    if (!is_p2p(&coll->ops[i])) {
+    if (!braid__kind(coll->ops[i].kind)->p2p) {
         sg->group = NULL;
         sg->one = coll->ops[i];
         sg->one.seq = (*seq)++; /* as run_group numbers the group's collectives */
@@ -61,7 +56,7 @@ static int next_segment(braid_coll *coll, int *next, uint64_t *seq, segment *sg)
         return 1;
     }
     int j = i;
-    while (j < coll->nops && is_p2p(&coll->ops[j]))
+    while (j < coll->nops && braid__kind(coll->ops[j].kind)->p2p)
         j++;
     *sg = (segment){.group = coll, .ops = &coll->ops[i], .n = j - i};
     *next = j;

@@ -24,6 +24,45 @@ typedef enum {
     BRAID_COLL_SCATTER,
 } braid_coll_kind;
 
+/* How many of a buffer's count-element blocks a rank passes to a call:
+ * none, one, one per rank, or those two on the call's root only. */
+typedef enum {
+    BRAID_BLOCKS_NONE,
+    BRAID_BLOCKS_ONE,
+    BRAID_BLOCKS_ALL,
+    BRAID_BLOCKS_ROOT_ONE,
+    BRAID_BLOCKS_ROOT_ALL,
+} braid_blocks;
+
+/* How a call's send and recv buffers may share memory. */
+typedef enum {
+    BRAID_IN_PLACE_NONE,  /* not at all */
+    BRAID_IN_PLACE_EQUAL, /* send == recv */
+    BRAID_IN_PLACE_BLOCK, /* the smaller one is this rank's (the root's, for a rooted call) block of the larger */
+} braid_in_place;
+
+/* What a kind of call is (coll_kind.c): the one description that entry
+ * checks, refusals, fingerprints, the tuner, staging and the NCCL shim
+ * read. */
+typedef struct {
+    const char *name;      /* braid's: "allreduce" */
+    const char *nccl_name; /* the NCCL call: "ncclAllReduce" */
+    unsigned char has_op;   /* takes a reduction op */
+    unsigned char has_root; /* takes a root */
+    unsigned char p2p;      /* a send or receive: takes a peer, no sequence number */
+    unsigned char exchange; /* runs as a group of sends and receives (src/exchange.c) */
+    unsigned char one_buf;  /* the public call takes one buffer, "buf" (broadcast, send, recv) */
+    unsigned char in_place; /* braid_in_place */
+    unsigned char send_blocks, recv_blocks; /* braid_blocks */
+} braid_kind_traits;
+
+/* The traits of kind; a row named "?" for a value that is no kind. */
+const braid_kind_traits *braid__kind(int kind);
+/* 1 when kind is a braid_coll_kind. */
+int braid__kind_valid(int kind);
+/* The blocks b comes to on rank of a group of size with this root. */
+size_t braid__blocks_on(braid_blocks b, int rank, int root, int size);
+
 /* Where a buffer lives, decided once per buffer at a call's entry by the
  * one classifier (braid__mem_of, src/hmem.h) and carried in the call
  * record. Zero is host memory. */
@@ -54,5 +93,9 @@ typedef struct braid_coll {
     braid_mem send_mem, recv_mem; /* set at the entry (count > 0; braid__coll_classify) */
     void *stream; /* a call inside a group: the caller's CUDA stream (cudaStream_t), or NULL */
 } braid_coll;
+
+/* A job's name for messages: its kind's, or for a group that runs one
+ * public call (braid_alltoall...) that call's. */
+const char *braid__coll_job_name(const braid_coll *coll);
 
 #endif

@@ -11,22 +11,9 @@
 static braid_status allgather_checked(braid_pg *pg, const void *send, void *recv, size_t sendcount, braid_dtype dtype,
                                        void *cuda_stream, braid_work **work)
 {
-    BRAID_CHECK(braid__check_common(pg, "allgather", sendcount, 1, dtype));
-    BRAID_CHECK(braid__check_ptr(pg, "allgather", "send", send, sendcount));
-    BRAID_CHECK(braid__check_ptr(pg, "allgather", "recv", recv, sendcount));
-    size_t bytes = sendcount * braid_dtype_size(dtype);
-    const char *own = (const char *)recv + (size_t)pg->rank * bytes;
-    if (send != own && braid__overlap(send, bytes, recv, bytes * (size_t)pg->size))
-        return braid__error(BRAID_ERR_INVALID_ARG,
-                            "rank %d: allgather: send overlaps recv without being its block %d (in place)", pg->rank,
-                            pg->rank);
-    braid_coll c = {.kind = BRAID_COLL_ALLGATHER,
-                    .send = send,
-                    .recv = recv,
-                    .count = sendcount,
-                    .dtype = dtype,
-                    .op = BRAID_SUM,
-                    .root = -1};
+    braid_coll c = {.kind = BRAID_COLL_ALLGATHER, .send = send, .recv = recv, .count = sendcount, .dtype = dtype,
+                    .op = BRAID_SUM, .root = -1};
+    BRAID_CHECK(braid__check_call(pg, "allgather", &c, NULL));
     braid__coll_classify(&c, NULL);
     return braid__hmem_submit(pg, &c, cuda_stream, work); /* host memory: braid__work_submit */
 }

@@ -4,6 +4,7 @@
  * text (rank, call, cause) and returns its status; the entry point then
  * decides whether the call is refused to the peers (refuse.h). */
 #include <stdint.h>
+#include <stdio.h>
 
 #include "coll_check.h"
 #include "hmem.h"
@@ -93,4 +94,73 @@ braid_status braid__check_ptr(const braid_pg *pg, const char *name, const char *
         return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: %s is NULL with count %zu", pg->rank, name, what,
                             count);
     return BRAID_OK;
+}
+
+/* A buffer's name in messages: "buf" for a call that takes one, and "on
+ * the root" where only the root passes it. */
+static void buffer_name(char *out, size_t cap, const braid_kind_traits *t, int send)
+{
+    braid_blocks b = (braid_blocks)(send ? t->send_blocks : t->recv_blocks);
+    if (t->one_buf)
+        snprintf(out, cap, "buf");
+    else
+        snprintf(out, cap, "%s%s", send ? "send" : "recv",
+                 b == BRAID_BLOCKS_ROOT_ONE || b == BRAID_BLOCKS_ROOT_ALL ? " on the root" : "");
+}
+
+/* How send and recv may share memory (braid_in_place). sb, rb: the bytes
+ * this rank passes in each. */
+static braid_status check_overlap(const braid_pg *pg, const char *name, const braid_coll *c, size_t sb, size_t rb)
+{
+    const braid_kind_traits *t = braid__kind(c->kind);
+    if (!braid__overlap(c->send, sb, c->recv, rb))
+        return BRAID_OK;
+    switch ((braid_in_place)t->in_place) {
+    case BRAID_IN_PLACE_EQUAL:
+        if (c->send == (const void *)c->recv && sb == rb)
+            return BRAID_OK;
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: send and recv overlap without being equal", pg->rank,
+                            name);
+    case BRAID_IN_PLACE_BLOCK: {
+        int send_small = t->send_blocks == BRAID_BLOCKS_ONE; /* else recv is the block */
+        const char *big = send_small ? (const char *)c->recv : (const char *)c->send;
+        const void *small = send_small ? c->send : (const void *)c->recv;
+        size_t block = send_small ? sb : rb;
+        if (small == big + (size_t)pg->rank * block)
+            return BRAID_OK;
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: %s overlaps %s without being its block %d (in place)",
+                            pg->rank, name, send_small ? "send" : "recv", send_small ? "recv" : "send", pg->rank);
+    }
+    case BRAID_IN_PLACE_NONE:
+        break;
+    }
+    return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: send and recv overlap; %s has no in-place form", pg->rank,
+                        name, name);
+}
+
+braid_status braid__check_call(braid_pg *pg, const char *name, const braid_coll *c, const void *scalar)
+{
+    const braid_kind_traits *t = braid__kind(c->kind);
+    int per_rank = t->send_blocks == BRAID_BLOCKS_ALL || t->send_blocks == BRAID_BLOCKS_ROOT_ALL ||
+                   t->recv_blocks == BRAID_BLOCKS_ALL || t->recv_blocks == BRAID_BLOCKS_ROOT_ALL;
+    BRAID_CHECK(braid__check_common(pg, name, c->count, per_rank, c->dtype));
+    if (t->has_op)
+        BRAID_CHECK(braid__check_op(pg, name, c->op, scalar));
+    int who = t->p2p ? c->peer : c->root;
+    if ((t->has_root || t->p2p) && (who < 0 || who >= pg->size))
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: %s %d out of range [0, %d)", pg->rank, name,
+                            t->p2p ? "peer" : "root", who, pg->size);
+    size_t bytes = c->count * braid_dtype_size(c->dtype);
+    size_t sb = bytes * braid__blocks_on((braid_blocks)t->send_blocks, pg->rank, c->root, pg->size);
+    size_t rb = bytes * braid__blocks_on((braid_blocks)t->recv_blocks, pg->rank, c->root, pg->size);
+    char what[24];
+    if (sb && !c->send) {
+        buffer_name(what, sizeof(what), t, 1);
+        return braid__check_ptr(pg, name, what, c->send, c->count);
+    }
+    if (rb && !c->recv) {
+        buffer_name(what, sizeof(what), t, 0);
+        return braid__check_ptr(pg, name, what, c->recv, c->count);
+    }
+    return check_overlap(pg, name, c, sb, rb);
 }

@@ -17,6 +17,12 @@ int braid__overlap(const void *a, size_t alen, const void *b, size_t blen);
  * count-sized block per rank). */
 braid_status braid__check_common(braid_pg *pg, const char *name, size_t count, int per_rank, braid_dtype dtype);
 
+/* Every argument check of call c from its kind's traits (coll.h): the
+ * group handle, dtype, count overflow, op (with MULSUM's scalar), root or
+ * peer, the buffers this rank passes, and how send and recv may overlap.
+ * name: the public call's, for messages. */
+braid_status braid__check_call(braid_pg *pg, const char *name, const braid_coll *c, const void *scalar);
+
 /* Set c->send_mem and recv_mem (count > 0): from mem (mem[0] send, mem[1]
  * recv) where the caller's entry classified the buffers already, else
  * with the one classifier (braid__mem_of, hmem.h), once per buffer. */

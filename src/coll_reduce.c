@@ -17,26 +17,11 @@ static braid_status reduce_checked(braid_pg *pg, const void *send, void *recv, s
 braid_status braid__reduce_submit(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
                                   braid_op op, const void *scalar, int root, void *cuda_stream, braid_work **work)
 {
-    BRAID_CHECK(braid__check_common(pg, "reduce", count, 0, dtype));
-    BRAID_CHECK(braid__check_op(pg, "reduce", op, scalar));
-    if (root < 0 || root >= pg->size)
-        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: reduce: root %d out of range [0, %d)", pg->rank, root,
-                            pg->size);
-    BRAID_CHECK(braid__check_ptr(pg, "reduce", "send", send, count));
-    size_t bytes = count * braid_dtype_size(dtype);
-    if (pg->rank == root) {
-        BRAID_CHECK(braid__check_ptr(pg, "reduce", "recv on the root", recv, count));
-        if (send != recv && braid__overlap(send, bytes, recv, bytes))
-            return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: reduce: send and recv overlap without being equal",
-                                pg->rank);
-    }
-    braid_coll c = {.kind = BRAID_COLL_REDUCE,
-                    .send = send,
-                    .recv = pg->rank == root ? recv : NULL,
-                    .count = count,
-                    .dtype = dtype,
-                    .op = op,
-                    .root = root};
+    braid_coll c = {.kind = BRAID_COLL_REDUCE, .send = send, .recv = recv, .count = count, .dtype = dtype,
+                    .op = op, .root = root};
+    BRAID_CHECK(braid__check_call(pg, "reduce", &c, scalar));
+    if (pg->rank != root)
+        c.recv = NULL; /* only the root's is written */
     braid__coll_classify(&c, NULL);
     braid__mulsum_arm(&c, scalar);
     return braid__hmem_submit(pg, &c, cuda_stream, work); /* host memory: braid__work_submit */
@@ -52,23 +37,9 @@ braid_status braid__reduce_scatter_submit(braid_pg *pg, const void *send, void *
                                           braid_dtype dtype, braid_op op, const void *scalar, void *cuda_stream,
                                           braid_work **work)
 {
-    BRAID_CHECK(braid__check_common(pg, "reduce_scatter", recvcount, 1, dtype));
-    BRAID_CHECK(braid__check_op(pg, "reduce_scatter", op, scalar));
-    BRAID_CHECK(braid__check_ptr(pg, "reduce_scatter", "send", send, recvcount));
-    BRAID_CHECK(braid__check_ptr(pg, "reduce_scatter", "recv", recv, recvcount));
-    size_t bytes = recvcount * braid_dtype_size(dtype);
-    const char *own = (const char *)send + (size_t)pg->rank * bytes;
-    if ((const char *)recv != own && braid__overlap(recv, bytes, send, bytes * (size_t)pg->size))
-        return braid__error(BRAID_ERR_INVALID_ARG,
-                            "rank %d: reduce_scatter: recv overlaps send without being its block %d (in place)",
-                            pg->rank, pg->rank);
-    braid_coll c = {.kind = BRAID_COLL_REDUCE_SCATTER,
-                    .send = send,
-                    .recv = recv,
-                    .count = recvcount,
-                    .dtype = dtype,
-                    .op = op,
-                    .root = -1};
+    braid_coll c = {.kind = BRAID_COLL_REDUCE_SCATTER, .send = send, .recv = recv, .count = recvcount,
+                    .dtype = dtype, .op = op, .root = -1};
+    BRAID_CHECK(braid__check_call(pg, "reduce_scatter", &c, scalar));
     braid__coll_classify(&c, NULL);
     braid__mulsum_arm(&c, scalar);
     return braid__hmem_submit(pg, &c, cuda_stream, work); /* host memory: braid__work_submit */

@@ -72,27 +72,16 @@ static braid_status slots_alloc(const braid_pg *pg, const char *name, exchange_s
     return BRAID_OK;
 }
 
-static braid_status check_root(const braid_pg *pg, const char *name, int root)
-{
-    if (root < 0 || root >= pg->size)
-        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: root %d out of range [0, %d)", pg->rank, name, root,
-                            pg->size);
-    return BRAID_OK;
-}
-
 static braid_status alltoall_checked(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
                                      void *cuda_stream, braid_work **work)
 {
     const char *name = "alltoall";
-    BRAID_CHECK(braid__check_common(pg, name, count, 1, dtype));
-    BRAID_CHECK(braid__check_ptr(pg, name, "send", send, count));
-    BRAID_CHECK(braid__check_ptr(pg, name, "recv", recv, count));
-    size_t bytes = count * braid_dtype_size(dtype), total = bytes * (size_t)pg->size;
     /* Every block of recv is written while others of send are still to be
      * read: there is no in-place form (NCCL has none either). */
-    if (braid__overlap(send, total, recv, total))
-        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: send and recv overlap; all-to-all has no in-place form",
-                            pg->rank, name);
+    braid_coll c = {.kind = BRAID_COLL_ALLTOALL, .send = send, .recv = recv, .count = count, .dtype = dtype,
+                    .root = -1};
+    BRAID_CHECK(braid__check_call(pg, name, &c, NULL));
+    size_t bytes = count * braid_dtype_size(dtype);
     exchange_slot *slots;
     BRAID_CHECK(slots_alloc(pg, name, &slots));
     for (int p = 0; p < pg->size; p++)
@@ -110,22 +99,12 @@ static braid_status alltoall_checked(braid_pg *pg, const void *send, void *recv,
 static braid_status rooted(braid_pg *pg, const char *name, int gather, const void *all, const void *block, size_t count,
                            braid_dtype dtype, int root, void *cuda_stream, braid_work **work)
 {
-    const char *all_name = gather ? "recv" : "send", *block_name = gather ? "send" : "recv";
-    BRAID_CHECK(braid__check_common(pg, name, count, 1, dtype));
-    BRAID_CHECK(check_root(pg, name, root));
-    BRAID_CHECK(braid__check_ptr(pg, name, block_name, block, count));
+    braid_coll c = {.kind = gather ? BRAID_COLL_GATHER : BRAID_COLL_SCATTER, .send = gather ? block : all,
+                    .recv = (void *)(gather ? all : block), .count = count, .dtype = dtype, .root = root};
+    BRAID_CHECK(braid__check_call(pg, name, &c, NULL));
     size_t bytes = count * braid_dtype_size(dtype);
     /* all is only valid on the root (NULL elsewhere, as NCCL allows) */
     int in_place = pg->rank == root && all && (const char *)block == (const char *)all + (size_t)root * bytes;
-    if (pg->rank == root) {
-        char what[32];
-        snprintf(what, sizeof(what), "%s on the root", all_name);
-        BRAID_CHECK(braid__check_ptr(pg, name, what, all, count));
-        if (!in_place && braid__overlap(block, bytes, all, bytes * (size_t)pg->size))
-            return braid__error(BRAID_ERR_INVALID_ARG,
-                                "rank %d: %s: %s overlaps %s without being its block %d (in place)", pg->rank, name,
-                                block_name, all_name, root);
-    }
     exchange_slot *slots;
     BRAID_CHECK(slots_alloc(pg, name, &slots));
     if (pg->rank == root)

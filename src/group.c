@@ -113,7 +113,7 @@ int braid__group_capture_locked(braid_pg *pg, const braid_coll *coll, braid_work
     if (work) {
         *st = braid__error(BRAID_ERR_INVALID_ARG,
                            "rank %d: %s inside a group takes work = NULL: braid_group_end returns the group's handle",
-                           pg->rank, braid__coll_name(coll->kind));
+                           pg->rank, braid__kind(coll->kind)->name);
         return 1;
     }
     if (g->nops == g->cap) {

@@ -48,7 +48,7 @@ braid_status braid__mulsum_prepare(int rank, int size, braid_coll *coll, void **
     void *p = malloc(n * esize);
     if (!p)
         return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: %s: out of memory for the %zu-byte scaled copy of the input",
-                            rank, braid__coll_name(coll->kind), n * esize);
+                            rank, braid__kind(coll->kind)->name, n * esize);
     braid__reduce_premul(coll->dtype, p, coll->send, n, coll->scalar);
     coll->send = p;
     *scratch = p;

@@ -8,14 +8,9 @@
 #include "refuse.h"
 #include "status.h"
 
-static braid_status check_p2p(braid_pg *pg, const char *name, const void *buf, size_t count, braid_dtype dtype,
-                              int peer)
+static braid_status check_p2p(braid_pg *pg, const char *name, const braid_coll *c, int peer)
 {
-    BRAID_CHECK(braid__check_common(pg, name, count, 0, dtype));
-    BRAID_CHECK(braid__check_ptr(pg, name, "buf", buf, count));
-    if (peer < 0 || peer >= pg->size)
-        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: peer %d out of range [0, %d)", pg->rank, name, peer,
-                            pg->size);
+    BRAID_CHECK(braid__check_call(pg, name, c, NULL));
     /* A message to oneself only completes against its partner in a group. */
     if (peer == pg->rank && !braid__group_open_here(pg))
         return braid__error(BRAID_ERR_INVALID_ARG,
@@ -39,7 +34,7 @@ braid_status braid__p2p_submit(braid_pg *pg, braid_coll_kind kind, const void *b
                     .op = BRAID_SUM,
                     .root = -1,
                     .peer = peer};
-    braid_status st = check_p2p(pg, send ? "send" : "recv", buf, count, dtype, peer);
+    braid_status st = check_p2p(pg, send ? "send" : "recv", &c, peer);
     if (st != BRAID_OK)
         return braid__coll_refuse(pg, &c, st);
     braid_mem m[2] = {{0, 0}, {0, 0}};

@@ -283,21 +283,6 @@ BRAID_API braid_status braid_pg_error(const braid_pg *pg)
 
 /* ---- collectives ------------------------------------------------------ */
 
-static braid_status check_buffer_args(braid_pg *pg, const char *op, const void *a, const void *b, size_t count,
-                                      braid_dtype dtype)
-{
-    BRAID_CHECK(braid__pg_check_handle(pg, op));
-    size_t esize = braid_dtype_size(dtype);
-    if (esize == 0)
-        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: invalid dtype %d", pg->rank, op, (int)dtype);
-    if (count > SIZE_MAX / esize / 2)
-        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: count %zu overflows", pg->rank, op, count);
-    if (count > 0 && (!a || !b))
-        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: %s is NULL with count %zu", pg->rank, op,
-                            a == b ? "buf" : !a ? "send" : "recv", count);
-    return BRAID_OK;
-}
-
 static braid_status allreduce_checked(braid_pg *pg, const void *send, void *recv, size_t count, braid_dtype dtype,
                                       braid_op op, const braid_mem *mem, void *cuda_stream, braid_work **work)
 {
@@ -308,15 +293,9 @@ braid_status braid__allreduce_submit(braid_pg *pg, const char *name, const void 
                                      braid_dtype dtype, braid_op op, const void *scalar, const braid_mem *mem,
                                      void *cuda_stream, braid_work **work)
 {
-    BRAID_CHECK(check_buffer_args(pg, name, send, recv, count, dtype));
-    BRAID_CHECK(braid__check_op(pg, name, op, scalar));
-    size_t bytes = count * braid_dtype_size(dtype);
-    if (send != recv && count > 0 &&
-        (const char *)send < (const char *)recv + bytes && (const char *)recv < (const char *)send + bytes)
-        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: send and recv overlap without being equal",
-                            pg->rank, name);
     braid_coll c = {.kind = BRAID_COLL_ALLREDUCE, .send = send, .recv = recv, .count = count, .dtype = dtype,
                     .op = op, .root = -1};
+    BRAID_CHECK(braid__check_call(pg, name, &c, scalar));
     braid__coll_classify(&c, mem);
     braid__mulsum_arm(&c, scalar);
     return braid__hmem_submit(pg, &c, cuda_stream, work); /* host memory: braid__work_submit */
@@ -325,12 +304,9 @@ braid_status braid__allreduce_submit(braid_pg *pg, const char *name, const void 
 static braid_status broadcast_checked(braid_pg *pg, void *buf, size_t count, braid_dtype dtype, int root,
                                       const braid_mem *mem, void *cuda_stream, braid_work **work)
 {
-    BRAID_CHECK(check_buffer_args(pg, "broadcast", buf, buf, count, dtype));
-    if (root < 0 || root >= pg->size)
-        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: broadcast: root %d out of range [0, %d)", pg->rank, root,
-                            pg->size);
     braid_coll c = {.kind = BRAID_COLL_BROADCAST, .send = buf, .recv = buf, .count = count, .dtype = dtype,
                     .op = BRAID_SUM, .root = root};
+    BRAID_CHECK(braid__check_call(pg, "broadcast", &c, NULL));
     braid__coll_classify(&c, mem);
     return braid__hmem_submit(pg, &c, cuda_stream, work); /* host memory: braid__work_submit */
 }
@@ -359,10 +335,7 @@ braid_status braid__broadcast_from(braid_pg *pg, const void *send, void *recv, s
 {
     braid_coll c = {.kind = BRAID_COLL_BROADCAST, .send = recv, .recv = recv, .count = count, .dtype = dtype,
                     .op = BRAID_SUM, .root = root};
-    braid_status st = check_buffer_args(pg, "broadcast", recv, recv, count, dtype);
-    if (st == BRAID_OK && (root < 0 || root >= pg->size))
-        st = braid__error(BRAID_ERR_INVALID_ARG, "rank %d: broadcast: root %d out of range [0, %d)", pg->rank, root,
-                          pg->size);
+    braid_status st = braid__check_call(pg, "broadcast", &c, NULL);
     if (st == BRAID_OK && pg->rank == root && count > 0 && !send)
         st = braid__error(BRAID_ERR_INVALID_ARG, "rank %d: broadcast: send is NULL with count %zu", pg->rank, count);
     if (st != BRAID_OK)

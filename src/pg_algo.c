@@ -2,6 +2,7 @@
  * filled here and nowhere else, and braid__coll_run enters them. */
 #include "pg_algo.h"
 
+#include "coll_check.h"
 #include "devlink.h"
 #include "hmem.h"
 #include "refuse.h"
@@ -26,6 +27,12 @@ static int ctx_has_devlink(void *owner, int peer)
     return braid__devlink(owner, peer) != NULL;
 }
 
+static braid_status ctx_prepare(void *owner, braid_coll *coll, void **scratch)
+{
+    const braid_pg *pg = owner;
+    return braid__mulsum_prepare(pg->rank, pg->size, coll, scratch);
+}
+
 void braid__pg_algo_ctx(braid_pg *pg, braid_algo_ctx *ctx)
 {
     *ctx = (braid_algo_ctx){.rank = pg->rank,
@@ -42,7 +49,8 @@ void braid__pg_algo_ctx(braid_pg *pg, braid_algo_ctx *ctx)
                             .owner = pg,
                             .conn = ctx_conn,
                             .scratch = ctx_scratch,
-                            .has_devlink = ctx_has_devlink};
+                            .has_devlink = ctx_has_devlink,
+                            .prepare = ctx_prepare};
 }
 
 braid_algo braid__pg_allreduce_algo(braid_pg *pg, size_t count, braid_dtype dtype)

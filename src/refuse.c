@@ -3,7 +3,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "algo/algo.h" /* braid__coll_name */
 #include "log.h"
 #include "pg.h"
 #include "pg_shrink.h"
@@ -60,20 +59,14 @@ static void notice_encode(const notice *n, uint8_t out[NOTICE_BYTES])
  * name: every call but a group (braid_coll_kind). */
 static int refusable(int k)
 {
-    return (k >= BRAID_COLL_ALLREDUCE && k <= BRAID_COLL_RECV) ||
-           (k >= BRAID_COLL_ALLTOALL && k <= BRAID_COLL_SCATTER);
-}
-
-static int is_p2p(int k)
-{
-    return k == BRAID_COLL_SEND || k == BRAID_COLL_RECV;
+    return braid__kind_valid(k) && k != BRAID_COLL_GROUP;
 }
 
 /* "allreduce #3" for a call named name of this kind; a send or receive
  * has no sequence number. */
 static void call_name(char *out, size_t size, const char *name, int kind, uint64_t seq)
 {
-    if (is_p2p(kind))
+    if (braid__kind(kind)->p2p)
         snprintf(out, size, "%s", name);
     else
         snprintf(out, size, "%s #%" PRIu64, name, seq);
@@ -97,26 +90,15 @@ static int notice_decode(const braid_pg *pg, uint64_t seq, const uint8_t *buf, s
            n->code <= REFUSED_MAX && n->arg <= BUF_MAX && n->seq <= seq && n->pg_tag == pg->ctx.pg_tag;
 }
 
-static int has_op(int k)
-{
-    return k == BRAID_COLL_ALLREDUCE || k == BRAID_COLL_REDUCE || k == BRAID_COLL_REDUCE_SCATTER;
-}
-
-static int has_root(int k)
-{
-    return k == BRAID_COLL_BROADCAST || k == BRAID_COLL_REDUCE || k == BRAID_COLL_GATHER || k == BRAID_COLL_SCATTER;
-}
-
-/* Whether the call needs its send (recv) buffer on this rank: a rooted
- * call's buffer of every block only on the root. */
+/* Whether the call needs its send (recv) buffer on this rank. */
 static int needs_send(const braid_pg *pg, const braid_coll *c)
 {
-    return c->kind != BRAID_COLL_SCATTER || c->root == pg->rank;
+    return braid__blocks_on(braid__kind(c->kind)->send_blocks, pg->rank, c->root, pg->size) > 0;
 }
 
 static int needs_recv(const braid_pg *pg, const braid_coll *c)
 {
-    return (c->kind != BRAID_COLL_REDUCE && c->kind != BRAID_COLL_GATHER) || c->root == pg->rank;
+    return braid__blocks_on(braid__kind(c->kind)->recv_blocks, pg->rank, c->root, pg->size) > 0;
 }
 
 /* The code of a refused call, found again from its arguments (the checks
@@ -124,25 +106,26 @@ static int needs_recv(const braid_pg *pg, const braid_coll *c)
 static void classify(const braid_pg *pg, const braid_coll *c, notice *n)
 {
     size_t esize = braid_dtype_size(c->dtype);
+    const braid_kind_traits *t = braid__kind(c->kind);
     n->arg = BUF_NONE;
     n->value = 0;
     if (esize == 0) {
         n->code = REFUSED_DTYPE;
         n->value = (uint64_t)(unsigned)c->dtype;
-    } else if (has_op((int)c->kind) && (unsigned)c->op >= BRAID_OP_COUNT) {
+    } else if (t->has_op && (unsigned)c->op >= BRAID_OP_COUNT) {
         n->code = REFUSED_OP;
         n->value = (uint64_t)(unsigned)c->op;
-    } else if (has_root((int)c->kind) && (c->root < 0 || c->root >= pg->size)) {
+    } else if (t->has_root && (c->root < 0 || c->root >= pg->size)) {
         n->code = REFUSED_ROOT;
         n->value = (uint64_t)(int64_t)c->root;
     } else if (c->count > SIZE_MAX / esize / 2 / (size_t)pg->size) {
         n->code = REFUSED_COUNT;
         n->value = c->count;
-    } else if (is_p2p((int)c->kind) && c->count > 0 && !(c->kind == BRAID_COLL_SEND ? c->send : c->recv)) {
+    } else if (t->p2p && c->count > 0 && !(c->kind == BRAID_COLL_SEND ? c->send : c->recv)) {
         n->code = REFUSED_NULL_BUF;
         n->arg = BUF_BUF;
         n->value = c->count;
-    } else if (is_p2p((int)c->kind) && (c->peer < 0 || c->peer >= pg->size || c->peer == pg->rank)) {
+    } else if (t->p2p && (c->peer < 0 || c->peer >= pg->size || c->peer == pg->rank)) {
         n->code = REFUSED_PEER;
         n->value = (uint64_t)(int64_t)c->peer;
     } else if (c->count > 0 && c->kind == BRAID_COLL_BROADCAST && !c->send) {
@@ -194,7 +177,7 @@ braid_status braid__refusal_run(braid_pg *pg, const braid_coll *coll)
     notice_encode(&n, buf);
     int told = braid__shrink_notice_send(pg, NOTICE_KEY, buf, sizeof(buf), NOTICE_SEND_MS);
     char name[64];
-    call_name(name, sizeof(name), braid__coll_name(coll->kind), (int)coll->kind, coll->seq);
+    call_name(name, sizeof(name), braid__kind(coll->kind)->name, (int)coll->kind, coll->seq);
     BRAID_INFO("rank %d: told %d of %d peers that it refused braid_%s", pg->rank, told, pg->size - 1, name);
     /* Broken from here, as after any failed call: the peers' matching
      * calls fail. Closing the links (braid__pg_fail) lets the peers blocked
@@ -248,7 +231,7 @@ braid_status braid__refusal_explain(braid_pg *pg, const braid_coll *coll, braid_
     }
     char mine[64], theirs[64];
     call_name(mine, sizeof(mine), braid__coll_job_name(coll), (int)coll->kind, coll->seq);
-    call_name(theirs, sizeof(theirs), braid__coll_name((braid_coll_kind)n.kind), n.kind, n.seq);
+    call_name(theirs, sizeof(theirs), braid__kind(n.kind)->name, n.kind, n.seq);
     st = braid__error(BRAID_ERR_PEER, "rank %d: %s failed: rank %u refused braid_%s: %s", pg->rank, mine, (unsigned)n.rank, theirs, why);
     return st;
 }

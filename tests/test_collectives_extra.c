@@ -424,7 +424,21 @@ static int usage_errors_body(braid_pg *pg, void *arg)
         expect_invalid(braid_reduce_scatter(pg, big, big + 1, 4, BRAID_I32, BRAID_SUM, NULL, NULL), rank,
                        "reduce_scatter overlap", "overlap") ||
         expect_invalid(braid_allgather(pg, big + 3, big, 4, BRAID_I32, NULL, NULL), rank, "allgather overlap",
-                       "overlap"))
+                       "overlap") ||
+        /* Each rank its own root: every rank refuses, for the same cause. */
+        expect_invalid(braid_gather(pg, big + 1, big, 4, BRAID_I32, rank, NULL, NULL), rank, "gather overlap",
+                       "send overlaps recv without being its block") ||
+        expect_invalid(braid_scatter(pg, big, big + 2, 4, BRAID_I32, rank, NULL, NULL), rank, "scatter overlap",
+                       "recv overlaps send without being its block") ||
+        expect_invalid(braid_reduce(pg, big, big + 1, 4, BRAID_I32, BRAID_SUM, rank, NULL, NULL), rank,
+                       "reduce overlap", "send and recv overlap without being equal") ||
+        expect_invalid(braid_allreduce(pg, big + 1, big, 4, BRAID_I32, BRAID_SUM, NULL, NULL), rank,
+                       "allreduce overlap", "send and recv overlap without being equal") ||
+        expect_invalid(braid_reduce(pg, buf, NULL, 4, BRAID_I32, BRAID_SUM, rank, NULL, NULL), rank,
+                       "reduce NULL recv", "recv on the root is NULL") ||
+        expect_invalid(braid_broadcast(pg, NULL, 4, BRAID_I32, 0, NULL, NULL), rank, "broadcast NULL", "buf is NULL") ||
+        expect_invalid(braid_reduce_scatter(pg, big, buf, 4, BRAID_I32, (braid_op)77, NULL, NULL), rank,
+                       "reduce_scatter op", "invalid op 77"))
         return 1;
     braid_status st = braid_allreduce(pg, &one, &sum, 1, BRAID_I32, BRAID_SUM, NULL, NULL);
     if (n == 1) { /* nobody to tell: a group of one stays usable */

@@ -31,11 +31,6 @@ typedef struct {
 
 void braid__algo_run_init(braid_algo_run *run, const braid_algo_ctx *ctx, const braid_coll *coll);
 
-/* "allreduce", "reduce_scatter", ... for messages. */
-const char *braid__coll_name(braid_coll_kind kind);
-/* The same for a job: a group that runs one public call (braid_alltoall...)
- * is named as that call. */
-const char *braid__coll_job_name(const braid_coll *coll);
 
 /* Block until some connection may progress, honouring abort and the
  * deadline; `waiting_on` names the peer for the timeout message. */
@@ -159,23 +154,10 @@ size_t braid__rd_max_bytes(int n);
  * caller breaks the group on failure (src/pg_algo.c). */
 braid_status braid__algo_coll_run(const braid_algo_ctx *ctx, braid_coll *coll);
 
-/* What braid__estimate_us estimates. bytes: the message for all-reduce,
+/* The tuner's cost model: microseconds a call of this kind is expected to
+ * take on pg's group size (estimate.c). bytes: the message for all-reduce,
  * broadcast, reduce and send/receive; one rank's block for the others. */
-typedef enum {
-    BRAID_EST_ALLREDUCE,
-    BRAID_EST_BROADCAST,
-    BRAID_EST_REDUCE,
-    BRAID_EST_ALLGATHER,
-    BRAID_EST_REDUCE_SCATTER,
-    BRAID_EST_ALLTOALL,
-    BRAID_EST_GATHER,
-    BRAID_EST_SCATTER,
-    BRAID_EST_P2P,
-} braid_est_kind;
-
-/* The tuner's cost model: microseconds a call is expected to take on pg's
- * group size (estimate.c). */
-double braid__estimate_us(const braid_pg *pg, braid_est_kind kind, size_t bytes);
+double braid__estimate_us(const braid_pg *pg, braid_coll_kind kind, size_t bytes);
 
 /* Sends and receives ops[0..nops) (SEND/RECV calls) progressed together;
  * messages between two ranks match in posting order (algo/p2p.c). */

@@ -37,6 +37,11 @@ typedef struct braid_algo_ctx {
     braid_status (*scratch)(void *owner, size_t bytes, void **buf);
     /* 1 when peer is joined by a device link (src/devlink.c). */
     int (*has_devlink)(void *owner, int peer);
+    /* Just before each collective of a job runs (so after the one before
+     * it in a group): the caller's work on its buffers, such as
+     * multiplying a MULSUM input (src/mulsum.c). *scratch, if set, is
+     * freed after the run. NULL: none. */
+    braid_status (*prepare)(void *owner, struct braid_coll *coll, void **scratch);
 } braid_algo_ctx;
 
 static inline braid_status braid__ctx_conn(const braid_algo_ctx *ctx, int peer, braid_conn **conn)

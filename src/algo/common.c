@@ -18,35 +18,12 @@
 #define MIXED_BLOCK_MS 1
 #define MIXED_GROUP_MAX 64
 
-const char *braid__coll_name(braid_coll_kind kind)
-{
-    switch (kind) {
-    case BRAID_COLL_ALLREDUCE: return "allreduce";
-    case BRAID_COLL_BROADCAST: return "broadcast";
-    case BRAID_COLL_REDUCE: return "reduce";
-    case BRAID_COLL_ALLGATHER: return "allgather";
-    case BRAID_COLL_REDUCE_SCATTER: return "reduce_scatter";
-    case BRAID_COLL_SEND: return "send";
-    case BRAID_COLL_RECV: return "recv";
-    case BRAID_COLL_GROUP: return "group";
-    case BRAID_COLL_ALLTOALL: return "alltoall";
-    case BRAID_COLL_GATHER: return "gather";
-    case BRAID_COLL_SCATTER: return "scatter";
-    }
-    return "?";
-}
-
-const char *braid__coll_job_name(const braid_coll *coll)
-{
-    return braid__coll_name(coll->kind == BRAID_COLL_GROUP && coll->call ? coll->call : coll->kind);
-}
-
 void braid__algo_run_init(braid_algo_run *run, const braid_algo_ctx *ctx, const braid_coll *coll)
 {
     run->ctx = ctx;
     run->coll = coll;
     run->deadline_ms = braid__now_ms() + ctx->timeout_ms;
-    run->name = braid__coll_name(coll->kind);
+    run->name = braid__kind(coll->kind)->name;
     run->fp_in.posted = 0;
     run->spin_until_us = run->last_wait_us = 0;
 }
@@ -254,11 +231,10 @@ static void fp_from_coll(const braid_coll *c, fingerprint *f)
     f->kind = c->kind == BRAID_COLL_RECV ? (int)BRAID_COLL_SEND : (int)c->kind;
     /* Broadcast has no op or dtype beyond its byte count, but the dtype is
      * still compared so count means the same thing on both sides. */
-    int has_op = c->kind == BRAID_COLL_ALLREDUCE || c->kind == BRAID_COLL_REDUCE ||
-                 c->kind == BRAID_COLL_REDUCE_SCATTER;
-    f->op = has_op ? (int)c->op : 0;
+    const braid_kind_traits *t = braid__kind(c->kind);
+    f->op = t->has_op ? (int)c->op : 0;
     f->dtype = (int)c->dtype;
-    f->root = c->kind == BRAID_COLL_BROADCAST || c->kind == BRAID_COLL_REDUCE ? c->root : -1;
+    f->root = t->has_root ? c->root : -1;
     f->count = c->count;
     f->seq = c->seq;
 }
@@ -274,16 +250,14 @@ static void fp_describe(const fingerprint *f, char *buf, size_t cap)
 {
     /* Only what the call has: a broadcast's op and a reduce-less call's
      * root mean nothing and would only distract. */
-    int has_op = f->kind == BRAID_COLL_ALLREDUCE || f->kind == BRAID_COLL_REDUCE ||
-                 f->kind == BRAID_COLL_REDUCE_SCATTER;
-    int has_root = f->kind == BRAID_COLL_BROADCAST || f->kind == BRAID_COLL_REDUCE;
+    const braid_kind_traits *t = braid__kind(f->kind);
     char op[24] = "", root[24] = "";
-    if (has_op)
+    if (t->has_op)
         snprintf(op, sizeof(op), ", %s", braid__op_name((braid_op)f->op));
-    if (has_root)
+    if (t->has_root)
         snprintf(root, sizeof(root), ", root=%d", f->root);
     snprintf(buf, cap, "#%" PRIu64 " %s(count=%" PRIu64 ", %s%s%s)", f->seq,
-             f->kind == BRAID_COLL_SEND ? "send/recv" : braid__coll_name((braid_coll_kind)f->kind), f->count,
+             f->kind == BRAID_COLL_SEND ? "send/recv" : t->name, f->count,
              braid__dtype_name((braid_dtype)f->dtype), op, root);
 }
 

@@ -3,7 +3,6 @@
 #include <stdlib.h>
 
 #include "algo.h"
-#include "coll_check.h"
 #include "log.h"
 #include "status.h"
 
@@ -112,11 +111,6 @@ static void log_choice(const braid_algo_ctx *ctx, const braid_coll *coll, braid_
                    bytes, ctx->size);
 }
 
-static int is_p2p(const braid_coll *c)
-{
-    return c->kind == BRAID_COLL_SEND || c->kind == BRAID_COLL_RECV;
-}
-
 static braid_status run_algo(const braid_algo_ctx *ctx, braid_coll *coll, braid_algo_run *run)
 {
     switch (coll->kind) {
@@ -144,8 +138,9 @@ static braid_status run_algo(const braid_algo_ctx *ctx, braid_coll *coll, braid_
 
 static braid_status run_one(const braid_algo_ctx *ctx, braid_coll *coll)
 {
-    void *scratch;
-    BRAID_CHECK(braid__mulsum_prepare(ctx->rank, ctx->size, coll, &scratch));
+    void *scratch = NULL;
+    if (ctx->prepare)
+        BRAID_CHECK(ctx->prepare(ctx->owner, coll, &scratch));
     braid_algo_run run;
     braid__algo_run_init(&run, ctx, coll);
     braid_status st = braid__fp_explain(&run, run_algo(ctx, coll, &run));
@@ -161,14 +156,14 @@ static braid_status run_group(const braid_algo_ctx *ctx, braid_coll *group)
     uint64_t seq = group->seq;
     for (int i = 0; i < group->nops;) {
         braid_coll *op = &group->ops[i];
-        if (!is_p2p(op)) {
+        if (!braid__kind(op->kind)->p2p) {
             op->seq = seq++;
             BRAID_CHECK(run_one(ctx, op));
             i++;
             continue;
         }
         int n = 1;
-        while (i + n < group->nops && is_p2p(&group->ops[i + n]))
+        while (i + n < group->nops && braid__kind(group->ops[i + n].kind)->p2p)
             n++;
         braid_algo_run run;
         braid__algo_run_init(&run, ctx, op);

@@ -17,36 +17,39 @@ static int log2_ceil(int n)
     return r;
 }
 
-double braid__estimate_us(const braid_pg *pg, braid_est_kind kind, size_t bytes)
+double braid__estimate_us(const braid_pg *pg, braid_coll_kind kind, size_t bytes)
 {
     int n = braid_pg_size(pg);
     double a = EST_LATENCY_US, b = EST_US_PER_BYTE, B = (double)bytes, steps = n - 1;
     if (n < 2)
-        return kind == BRAID_EST_P2P ? a + b * B : b * B; /* a local copy at most */
+        return braid__kind(kind)->p2p ? a + b * B : b * B; /* a local copy at most */
     switch (kind) {
-    case BRAID_EST_ALLREDUCE:
+    case BRAID_COLL_ALLREDUCE:
         if (bytes <= braid__rd_max_bytes(n)) {
             int rounds = log2_ceil(n) + ((n & (n - 1)) ? 2 : 0);
             return rounds * (a + 2 * b * B);
         }
         return 2 * steps * a + 3 * steps / n * b * B;
-    case BRAID_EST_BROADCAST:
+    case BRAID_COLL_BROADCAST:
         if (n > 2 && bytes <= 64 * 1024)
             return log2_ceil(n) * (a + b * B); /* binomial tree */
         return steps * a + b * B;              /* pipelined chain */
-    case BRAID_EST_REDUCE:
+    case BRAID_COLL_REDUCE:
         return steps * a + 2 * b * B; /* pipelined chain, move and combine */
-    case BRAID_EST_ALLGATHER:     /* B: one rank's block */
+    case BRAID_COLL_ALLGATHER:     /* B: one rank's block */
         return steps * (a + b * B);
-    case BRAID_EST_REDUCE_SCATTER: /* B: one rank's block */
+    case BRAID_COLL_REDUCE_SCATTER: /* B: one rank's block */
         return steps * (a + 2 * b * B);
-    case BRAID_EST_ALLTOALL: /* B: one block; all links busy at once */
+    case BRAID_COLL_ALLTOALL: /* B: one block; all links busy at once */
         return a + steps * b * B;
-    case BRAID_EST_GATHER:
-    case BRAID_EST_SCATTER: /* the root's link carries n-1 blocks */
+    case BRAID_COLL_GATHER:
+    case BRAID_COLL_SCATTER: /* the root's link carries n-1 blocks */
         return a + steps * b * B;
-    case BRAID_EST_P2P:
+    case BRAID_COLL_SEND:
+    case BRAID_COLL_RECV:
         return a + b * B;
+    case BRAID_COLL_GROUP:
+        break; /* its calls are estimated one by one */
     }
     return 0;
 }

@@ -84,7 +84,7 @@ static braid_algo_run msg_run(const braid_algo_run *run, const p2p_msg *m)
 {
     braid_algo_run sub = *run;
     sub.coll = &m->fp;
-    sub.name = braid__coll_name(m->fp.kind);
+    sub.name = braid__kind(m->fp.kind)->name;
     return sub;
 }
 

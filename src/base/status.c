@@ -96,16 +96,6 @@ const char *braid__error_detail(void)
     return braid__status_strip(error_text);
 }
 
-const char *braid__dtype_name(braid_dtype dtype)
-{
-    static const char *const names[BRAID_DTYPE_COUNT] = {
-        [BRAID_F32] = "f32", [BRAID_F64] = "f64", [BRAID_F16] = "f16", [BRAID_BF16] = "bf16",
-        [BRAID_I8] = "i8",   [BRAID_U8] = "u8",   [BRAID_I32] = "i32", [BRAID_I64] = "i64",
-        [BRAID_U32] = "u32", [BRAID_U64] = "u64",
-    };
-    return (unsigned)dtype < BRAID_DTYPE_COUNT && names[dtype] ? names[dtype] : "invalid";
-}
-
 const char *braid__op_name(braid_op op)
 {
     static const char *const names[BRAID_OP_COUNT] = {

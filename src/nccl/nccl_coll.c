@@ -43,7 +43,7 @@ static ncclResult_t buffers(ncclComm_t comm, nccl_op *op)
     /* Checked here, as NCCL's other argument errors are, so the call fails
      * alone; braid would refuse it to the peers and break the group. */
     uintptr_t s = (uintptr_t)op->send, d = (uintptr_t)op->recv;
-    if (op->kind == NCCL_OP_ALLTOALL && sb && s < d + rb && d < s + sb)
+    if (op->kind == BRAID_COLL_ALLTOALL && sb && s < d + rb && d < s + sb)
         return nccl__fail(ncclInvalidArgument, "%s: sendbuff and recvbuff overlap: all-to-all has no in-place form",
                           op->call);
     ncclResult_t r = ncclSuccess;
@@ -107,17 +107,16 @@ static ncclResult_t types(ncclComm_t comm, nccl_op *op, ncclDataType_t datatype,
 
 static ncclResult_t run(ncclComm_t comm, nccl_op *op, ncclDataType_t datatype, ncclRedOp_t redop, int reducing)
 {
+    op->call = braid__kind(op->kind)->nccl_name;
     ncclResult_t r = nccl__comm_enter(comm, op->call);
     if (r != ncclSuccess)
         return r;
     r = begin(comm, op->call);
     if (r == ncclSuccess)
         r = types(comm, op, datatype, redop, reducing);
-    if (r == ncclSuccess && (op->kind == NCCL_OP_REDUCE || op->kind == NCCL_OP_BROADCAST ||
-                             op->kind == NCCL_OP_GATHER || op->kind == NCCL_OP_SCATTER))
-        r = check_rank(comm, op->root, "root", op->call);
-    if (r == ncclSuccess && (op->kind == NCCL_OP_SEND || op->kind == NCCL_OP_RECV))
-        r = check_rank(comm, op->root, "peer", op->call);
+    const braid_kind_traits *t = braid__kind(op->kind);
+    if (r == ncclSuccess && (t->has_root || t->p2p))
+        r = check_rank(comm, op->root, t->p2p ? "peer" : "root", op->call);
     if (r == ncclSuccess)
         r = buffers(comm, op);
     if (r == ncclSuccess)
@@ -133,7 +132,7 @@ NCCL_API ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t
                                     ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream)
 {
     NCCL_ON_COMM(comm);
-    nccl_op o = {.kind = NCCL_OP_ALLREDUCE, .call = "ncclAllReduce", .send = sendbuff, .recv = recvbuff,
+    nccl_op o = {.kind = BRAID_COLL_ALLREDUCE, .send = sendbuff, .recv = recvbuff,
                  .count = count, .root = -1, .stream = stream};
     return run(comm, &o, datatype, op, 1);
 }
@@ -142,7 +141,7 @@ NCCL_API ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t co
                                  ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream)
 {
     NCCL_ON_COMM(comm);
-    nccl_op o = {.kind = NCCL_OP_REDUCE, .call = "ncclReduce", .send = sendbuff, .recv = recvbuff, .count = count,
+    nccl_op o = {.kind = BRAID_COLL_REDUCE, .send = sendbuff, .recv = recvbuff, .count = count,
                  .root = root, .stream = stream};
     return run(comm, &o, datatype, op, 1);
 }
@@ -151,7 +150,7 @@ NCCL_API ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, si
                                         ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream)
 {
     NCCL_ON_COMM(comm);
-    nccl_op o = {.kind = NCCL_OP_REDUCE_SCATTER, .call = "ncclReduceScatter", .send = sendbuff, .recv = recvbuff,
+    nccl_op o = {.kind = BRAID_COLL_REDUCE_SCATTER, .send = sendbuff, .recv = recvbuff,
                  .count = recvcount, .root = -1, .stream = stream};
     return run(comm, &o, datatype, op, 1);
 }
@@ -160,7 +159,7 @@ NCCL_API ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t
                                     ncclComm_t comm, cudaStream_t stream)
 {
     NCCL_ON_COMM(comm);
-    nccl_op o = {.kind = NCCL_OP_ALLGATHER, .call = "ncclAllGather", .send = sendbuff, .recv = recvbuff,
+    nccl_op o = {.kind = BRAID_COLL_ALLGATHER, .send = sendbuff, .recv = recvbuff,
                  .count = sendcount, .root = -1, .stream = stream};
     return run(comm, &o, datatype, ncclSum, 0);
 }
@@ -169,7 +168,7 @@ NCCL_API ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t
                                     int root, ncclComm_t comm, cudaStream_t stream)
 {
     NCCL_ON_COMM(comm);
-    nccl_op o = {.kind = NCCL_OP_BROADCAST, .call = "ncclBroadcast", .send = sendbuff, .recv = recvbuff,
+    nccl_op o = {.kind = BRAID_COLL_BROADCAST, .send = sendbuff, .recv = recvbuff,
                  .count = count, .root = root, .stream = stream};
     return run(comm, &o, datatype, ncclSum, 0);
 }
@@ -178,7 +177,7 @@ NCCL_API ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t 
                                    ncclComm_t comm, cudaStream_t stream)
 {
     NCCL_ON_COMM(comm);
-    nccl_op o = {.kind = NCCL_OP_ALLTOALL, .call = "ncclAlltoAll", .send = sendbuff, .recv = recvbuff,
+    nccl_op o = {.kind = BRAID_COLL_ALLTOALL, .send = sendbuff, .recv = recvbuff,
                  .count = count, .root = -1, .stream = stream};
     return run(comm, &o, datatype, ncclSum, 0);
 }
@@ -187,7 +186,7 @@ NCCL_API ncclResult_t ncclGather(const void *sendbuff, void *recvbuff, size_t co
                                  ncclComm_t comm, cudaStream_t stream)
 {
     NCCL_ON_COMM(comm);
-    nccl_op o = {.kind = NCCL_OP_GATHER, .call = "ncclGather", .send = sendbuff, .recv = recvbuff, .count = count,
+    nccl_op o = {.kind = BRAID_COLL_GATHER, .send = sendbuff, .recv = recvbuff, .count = count,
                  .root = root, .stream = stream};
     return run(comm, &o, datatype, ncclSum, 0);
 }
@@ -196,7 +195,7 @@ NCCL_API ncclResult_t ncclScatter(const void *sendbuff, void *recvbuff, size_t c
                                   ncclComm_t comm, cudaStream_t stream)
 {
     NCCL_ON_COMM(comm);
-    nccl_op o = {.kind = NCCL_OP_SCATTER, .call = "ncclScatter", .send = sendbuff, .recv = recvbuff, .count = count,
+    nccl_op o = {.kind = BRAID_COLL_SCATTER, .send = sendbuff, .recv = recvbuff, .count = count,
                  .root = root, .stream = stream};
     return run(comm, &o, datatype, ncclSum, 0);
 }
@@ -205,7 +204,7 @@ NCCL_API ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_
                                cudaStream_t stream)
 {
     NCCL_ON_COMM(comm);
-    nccl_op o = {.kind = NCCL_OP_SEND, .call = "ncclSend", .send = sendbuff, .count = count, .root = peer,
+    nccl_op o = {.kind = BRAID_COLL_SEND, .send = sendbuff, .count = count, .root = peer,
                  .stream = stream};
     return run(comm, &o, datatype, ncclSum, 0);
 }
@@ -214,7 +213,7 @@ NCCL_API ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t data
                                cudaStream_t stream)
 {
     NCCL_ON_COMM(comm);
-    nccl_op o = {.kind = NCCL_OP_RECV, .call = "ncclRecv", .recv = recvbuff, .count = count, .root = peer,
+    nccl_op o = {.kind = BRAID_COLL_RECV, .recv = recvbuff, .count = count, .root = peer,
                  .stream = stream};
     return run(comm, &o, datatype, ncclSum, 0);
 }

@@ -69,7 +69,7 @@ static int one_rank_copies(ncclComm_t comm, const nccl_op *ops, int n)
     if (comm->nranks != 1)
         return 0;
     for (int i = 0; i < n; i++)
-        if (ops[i].kind == NCCL_OP_SEND || ops[i].kind == NCCL_OP_RECV || ops[i].pm.used)
+        if (ops[i].kind == BRAID_COLL_SEND || ops[i].kind == BRAID_COLL_RECV || ops[i].pm.used)
             return 0;
     return 1;
 }

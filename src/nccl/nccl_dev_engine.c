@@ -10,7 +10,7 @@
  * The rest goes through nccl__exec_start. */
 int nccl__engine_takes(const nccl_op *ops, int n)
 {
-    return n == 1 && !ops[0].pm.used && (ops[0].kind == NCCL_OP_ALLREDUCE || ops[0].kind == NCCL_OP_BROADCAST);
+    return n == 1 && !ops[0].pm.used && (ops[0].kind == BRAID_COLL_ALLREDUCE || ops[0].kind == BRAID_COLL_BROADCAST);
 }
 
 /* Hand op to braid with a work handle, on the calling thread's device
@@ -22,7 +22,7 @@ ncclResult_t nccl__engine_submit(ncclComm_t comm, const nccl_op *op)
     braid_work *w = NULL;
     braid_status st = BRAID_OK;
     ncclResult_t r = ncclSuccess;
-    if (op->kind == NCCL_OP_ALLREDUCE) {
+    if (op->kind == BRAID_COLL_ALLREDUCE) {
         braid_mem mem[2] = {op->send_mem, op->recv_mem};
         st = braid__allreduce_classified(comm->pg, op->send, op->recv, op->count, op->dtype, op->op, mem, op->stream,
                                          &w);

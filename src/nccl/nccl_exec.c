@@ -21,56 +21,14 @@
 
 size_t nccl__op_send_bytes(const nccl_op *op, int rank, int nranks)
 {
-    size_t bytes = op->count * braid_dtype_size(op->dtype);
-    switch (op->kind) {
-    case NCCL_OP_ALLREDUCE:
-    case NCCL_OP_REDUCE:
-    case NCCL_OP_ALLGATHER:
-    case NCCL_OP_SEND:
-        return bytes;
-    case NCCL_OP_REDUCE_SCATTER:
-        return bytes * (size_t)nranks;
-    case NCCL_OP_BROADCAST:
-        return rank == op->root ? bytes : 0;
-    case NCCL_OP_ALLTOALL:
-        return bytes * (size_t)nranks;
-    case NCCL_OP_GATHER:
-        return bytes;
-    case NCCL_OP_SCATTER:
-        return rank == op->root ? bytes * (size_t)nranks : 0;
-    case NCCL_OP_RECV:
-        break;
-    }
-    return 0;
+    size_t blocks = braid__blocks_on(braid__kind(op->kind)->send_blocks, rank, op->root, nranks);
+    return blocks * op->count * braid_dtype_size(op->dtype);
 }
 
 size_t nccl__op_recv_bytes(const nccl_op *op, int rank, int nranks)
 {
-    size_t bytes = op->count * braid_dtype_size(op->dtype);
-    switch (op->kind) {
-    case NCCL_OP_ALLREDUCE:
-    case NCCL_OP_REDUCE_SCATTER:
-    case NCCL_OP_BROADCAST:
-    case NCCL_OP_RECV:
-        return bytes;
-    case NCCL_OP_REDUCE:
-        return rank == op->root ? bytes : 0;
-    case NCCL_OP_ALLGATHER:
-    case NCCL_OP_ALLTOALL:
-        return bytes * (size_t)nranks;
-    case NCCL_OP_GATHER:
-        return rank == op->root ? bytes * (size_t)nranks : 0;
-    case NCCL_OP_SCATTER:
-        return bytes;
-    case NCCL_OP_SEND:
-        break;
-    }
-    return 0;
-}
-
-static int is_p2p(const nccl_op *op)
-{
-    return op->kind == NCCL_OP_SEND || op->kind == NCCL_OP_RECV;
+    size_t blocks = braid__blocks_on(braid__kind(op->kind)->recv_blocks, rank, op->root, nranks);
+    return blocks * op->count * braid_dtype_size(op->dtype);
 }
 
 /* Work on the buffers that must precede braid's call. */
@@ -78,7 +36,7 @@ static void prepare(ncclComm_t comm, nccl_op *op)
 {
     /* braid broadcasts host buffers in place: the root's input goes to its
      * output first (device ops are staged from send: issue()). */
-    if (op->kind != NCCL_OP_BROADCAST || op->device || comm->rank != op->root || !op->count || op->send == op->recv)
+    if (op->kind != BRAID_COLL_BROADCAST || op->device || comm->rank != op->root || !op->count || op->send == op->recv)
         return;
     memmove(op->recv, op->send, op->count * braid_dtype_size(op->dtype));
 }
@@ -90,36 +48,38 @@ static braid_status issue(ncclComm_t comm, const nccl_op *op)
     braid_pg *pg = comm->pg;
     void *st = op->device ? (void *)op->stream : NULL;
     switch (op->kind) {
-    case NCCL_OP_ALLREDUCE:
+    case BRAID_COLL_ALLREDUCE:
         if (op->pm.used)
             return braid_allreduce_mulsum(pg, op->send, op->recv, op->count, op->dtype, op->pm.scalar, st, NULL);
         return braid_allreduce(pg, op->send, op->recv, op->count, op->dtype, op->op, st, NULL);
-    case NCCL_OP_REDUCE:
+    case BRAID_COLL_REDUCE:
         if (op->pm.used)
             return braid_reduce_mulsum(pg, op->send, op->recv, op->count, op->dtype, op->pm.scalar, op->root, st,
                                        NULL);
         return braid_reduce(pg, op->send, op->recv, op->count, op->dtype, op->op, op->root, st, NULL);
-    case NCCL_OP_REDUCE_SCATTER:
+    case BRAID_COLL_REDUCE_SCATTER:
         if (op->pm.used)
             return braid_reduce_scatter_mulsum(pg, op->send, op->recv, op->count, op->dtype, op->pm.scalar, st,
                                                NULL);
         return braid_reduce_scatter(pg, op->send, op->recv, op->count, op->dtype, op->op, st, NULL);
-    case NCCL_OP_ALLGATHER:
+    case BRAID_COLL_ALLGATHER:
         return braid_allgather(pg, op->send, op->recv, op->count, op->dtype, st, NULL);
-    case NCCL_OP_BROADCAST:
+    case BRAID_COLL_BROADCAST:
         if (op->device) /* always inside exec_start's group */
             return braid__broadcast_from(pg, op->send, op->recv, op->count, op->dtype, op->root, st);
         return braid_broadcast(pg, op->recv, op->count, op->dtype, op->root, st, NULL);
-    case NCCL_OP_SEND:
+    case BRAID_COLL_SEND:
         return braid_send(pg, op->send, op->count, op->dtype, op->root, st, NULL);
-    case NCCL_OP_RECV:
+    case BRAID_COLL_RECV:
         return braid_recv(pg, op->recv, op->count, op->dtype, op->root, st, NULL);
-    case NCCL_OP_ALLTOALL:
+    case BRAID_COLL_ALLTOALL:
         return braid_alltoall(pg, op->send, op->recv, op->count, op->dtype, st, NULL);
-    case NCCL_OP_GATHER:
+    case BRAID_COLL_GATHER:
         return braid_gather(pg, op->send, op->recv, op->count, op->dtype, op->root, st, NULL);
-    case NCCL_OP_SCATTER:
+    case BRAID_COLL_SCATTER:
         return braid_scatter(pg, op->send, op->recv, op->count, op->dtype, op->root, st, NULL);
+    default:
+        break; /* the shim records no other kind */
     }
     return BRAID_ERR_INTERNAL;
 }
@@ -162,7 +122,7 @@ ncclResult_t nccl__exec_start(ncclComm_t comm, nccl_op *ops, int n, braid_work *
         return nccl__from_braid(st, call);
     for (int pass = 0; pass < 2 && st == BRAID_OK; pass++)
         for (int i = 0; i < n && st == BRAID_OK; i++)
-            if (is_p2p(&ops[i]) == pass && (st = issue_classified(comm, &ops[i])) != BRAID_OK)
+            if (braid__kind(ops[i].kind)->p2p == pass && (st = issue_classified(comm, &ops[i])) != BRAID_OK)
                 r = nccl__from_braid(st, ops[i].call);
     /* Also when recording failed: the group must not stay open. */
     braid_status end = braid_group_end(comm->pg, work);

@@ -202,14 +202,7 @@ static ncclResult_t run_batches(void)
 
 double nccl__op_estimate_us(ncclComm_t comm, const nccl_op *op)
 {
-    static const braid_est_kind kinds[] = {
-        [NCCL_OP_ALLREDUCE] = BRAID_EST_ALLREDUCE, [NCCL_OP_REDUCE] = BRAID_EST_REDUCE,
-        [NCCL_OP_REDUCE_SCATTER] = BRAID_EST_REDUCE_SCATTER, [NCCL_OP_ALLGATHER] = BRAID_EST_ALLGATHER,
-        [NCCL_OP_BROADCAST] = BRAID_EST_BROADCAST, [NCCL_OP_SEND] = BRAID_EST_P2P, [NCCL_OP_RECV] = BRAID_EST_P2P,
-        [NCCL_OP_ALLTOALL] = BRAID_EST_ALLTOALL, [NCCL_OP_GATHER] = BRAID_EST_GATHER,
-        [NCCL_OP_SCATTER] = BRAID_EST_SCATTER,
-    };
-    return braid__estimate_us(comm->pg, kinds[op->kind], op->count * braid_dtype_size(op->dtype));
+    return braid__estimate_us(comm->pg, op->kind, op->count * braid_dtype_size(op->dtype));
 }
 
 /* Microseconds the recorded batches would take: each communicator's calls

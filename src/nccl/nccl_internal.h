@@ -29,23 +29,10 @@ typedef struct {
     unsigned char scalar[8]; /* ncclScalarHostImmediate: read at creation */
 } nccl_premul;
 
-typedef enum {
-    NCCL_OP_ALLREDUCE,
-    NCCL_OP_REDUCE,
-    NCCL_OP_REDUCE_SCATTER,
-    NCCL_OP_ALLGATHER,
-    NCCL_OP_BROADCAST,
-    NCCL_OP_SEND,
-    NCCL_OP_RECV,
-    NCCL_OP_ALLTOALL,
-    NCCL_OP_GATHER,
-    NCCL_OP_SCATTER,
-} nccl_op_kind;
-
 /* One checked call, as recorded: run at once or at ncclGroupEnd, on host
  * memory or on braid's device path. Buffers are the caller's until it runs. */
 typedef struct {
-    nccl_op_kind kind;
+    braid_coll_kind kind; /* ALLREDUCE ... RECV, ALLTOALL, GATHER, SCATTER */
     const char *call; /* "ncclAllReduce" ... */
     const void *send; /* NULL where the call reads nothing */
     void *recv;       /* NULL where the call writes nothing */
