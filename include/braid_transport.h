@@ -50,6 +50,20 @@ typedef struct braid_listener {
     const braid_transport_ops *ops;
 } braid_listener;
 
+/** What a transport is told of each end of a pair it may serve. */
+typedef struct {
+    int rank;
+    uint64_t host_hash; /* equal for ranks of one host */
+    int same_host;      /* the peer's host identity equals this rank's (exact, not by hash) */
+} braid_peer_info;
+
+/** Which pairs a transport can serve (the scope slot). */
+typedef enum {
+    BRAID_TRANSPORT_ANY_PAIR = 0,    /* any: a candidate for the group's transport */
+    BRAID_TRANSPORT_SOME_PAIRS = 1,  /* those can_connect accepts, beside the group's transport (shm) */
+    BRAID_TRANSPORT_DEVICE_LINK = 2, /* device calls between same-host ring neighbours (src/devlink.c) */
+} braid_transport_scope;
+
 typedef enum { BRAID_REQ_SEND = 1, BRAID_REQ_RECV = 2 } braid_req_kind;
 
 /** One posted transfer. Owned by the caller; must stay valid until test()
@@ -106,6 +120,16 @@ struct braid_transport_ops {
 
     /** Close a connection; pending requests are abandoned. */
     void (*close)(braid_conn *conn);
+
+    /** Which pairs it serves (braid_transport_scope). */
+    int scope;
+    /** 1: the whole group agrees on it before any rank uses it. It reaches
+     *  other hosts but, unlike TCP, may be missing or broken on some of
+     *  them, and a pair whose ends chose differently could never connect. */
+    int agreed;
+    /** Optional: whether it can serve the pair (me, peer) when both listen
+     *  on it; both ends must answer alike. NULL: every such pair. */
+    int (*can_connect)(const braid_peer_info *me, const braid_peer_info *peer);
 };
 
 /** True when the table has slot `field` filled (for optional slots). */

@@ -140,7 +140,7 @@ braid_status braid__devlink_settle(braid_pg *pg, int peer, int *settled, int *us
             BRAID_INFO("rank %d: device all-reduces with rank %d go over cuda_ipc", pg->rank, peer);
         else
             BRAID_INFO("rank %d: device all-reduces with rank %d stay on %s: %s", pg->rank, peer,
-                       pg->local_addr[peer][0] ? pg->local_transport->name : pg->transport->name,
+                       braid_pg_peer_transport(pg, peer),
                        braid__cuda_ipc_unusable_why(d->conn[i]));
     }
     return BRAID_OK;

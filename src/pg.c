@@ -41,13 +41,13 @@ static braid_pg *pg_alloc(int rank, int size)
     pg->ctx.size = size;
     pg->wake_fd = -1;
     pg->conns = calloc((size_t)size, sizeof(*pg->conns));
-    pg->peer_addr = calloc((size_t)size, sizeof(*pg->peer_addr));
-    pg->local_addr = calloc((size_t)size, sizeof(*pg->local_addr));
+    pg->addr = calloc((size_t)size, sizeof(*pg->addr));
+    pg->link = calloc((size_t)size, sizeof(*pg->link));
     pg->host_hash = calloc((size_t)size, sizeof(*pg->host_hash));
-    if (!pg->conns || !pg->peer_addr || !pg->local_addr || !pg->host_hash) {
+    if (!pg->conns || !pg->addr || !pg->link || !pg->host_hash) {
         free(pg->conns);
-        free(pg->peer_addr);
-        free(pg->local_addr);
+        free(pg->addr);
+        free(pg->link);
         free(pg->host_hash);
         free(pg);
         return NULL;
@@ -121,10 +121,9 @@ static void pg_release_members(braid_pg *pg)
     for (int i = 0; i < pg->size; i++)
         if (pg->conns[i])
             pg->conns[i]->ops->close(pg->conns[i]);
-    if (pg->local_listener)
-        pg->local_listener->ops->close_listener(pg->local_listener);
-    if (pg->listener)
-        pg->listener->ops->close_listener(pg->listener);
+    for (int id = 0; id < BRAID_TRANSPORT_ID_COUNT; id++)
+        if (pg->listeners[id])
+            pg->listeners[id]->ops->close_listener(pg->listeners[id]);
     /* A joined rank closed its store client at the end of init; rank 0
      * then serves the others until they have too (briefly: they close
      * right after their last answer), instead of cutting one off mid-read.
@@ -140,8 +139,8 @@ static void pg_release_members(braid_pg *pg)
     pthread_cond_destroy(&pg->cv);
     free(pg->scratch);
     free(pg->conns);
-    free(pg->peer_addr);
-    free(pg->local_addr);
+    free(pg->addr);
+    free(pg->link);
     free(pg->host_hash);
     free(pg->hier_topo);
 }
@@ -268,11 +267,8 @@ BRAID_API const char *braid_pg_peer_transport(const braid_pg *pg, int peer)
         return NULL;
     if (peer == pg->rank)
         return "self";
-    /* exchange_local left a same-host address only where both ends use the
-     * local transport. */
-    if (pg->local_transport && pg->local_addr[peer][0] != '\0')
-        return pg->local_transport->name;
-    return pg->transport->name;
+    const braid_transport_ops *t = braid__transport_get((braid_transport_id)pg->link[peer]);
+    return t ? t->name : NULL;
 }
 
 BRAID_API braid_status braid_pg_error(const braid_pg *pg)

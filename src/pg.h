@@ -10,6 +10,7 @@
 #include "braid_transport.h"
 #include "bootstrap/store.h"
 #include "coll.h"
+#include "transport.h"
 
 struct braid_work {
     braid_coll coll;
@@ -47,15 +48,16 @@ struct braid_pg {
     /* Rendezvous: the store (rank 0 also serves it) and peer addresses. */
     braid_store_server *store_server;
     braid_store *store;
+    /* Transports: the group's (`transport`: every pair no other serves)
+     * and those that serve some pairs beside it (shm), by id
+     * (src/transport.h): listeners[id] (NULL: unused) and addr[p][id],
+     * rank p's address on it ("" where p does not listen on it). link[p]:
+     * the id that serves peer p, chosen once, after the address exchange,
+     * by braid__transport_for_peer. */
     const braid_transport_ops *transport;
-    braid_listener *listener;
-    char (*peer_addr)[BRAID_ADDR_MAX];
-    /* Same-host peers: a second transport (shm) beside `transport`.
-     * local_addr[p] is peer p's address on it, "" where the pair does not
-     * share a host (then `transport` serves it); NULL transport: none. */
-    const braid_transport_ops *local_transport;
-    braid_listener *local_listener;
-    char (*local_addr)[BRAID_ADDR_MAX];
+    braid_listener *listeners[BRAID_TRANSPORT_ID_COUNT];
+    char (*addr)[BRAID_TRANSPORT_ID_COUNT][BRAID_ADDR_MAX];
+    unsigned char *link;
     /* host_hash[p]: hash of rank p's host identity (the one that decides
      * same-host pairs, with or without a local transport), for
      * topology-aware algorithms; hier_topo is algo/hier_allreduce.c's view

@@ -20,13 +20,12 @@ braid_status braid__pg_conn(braid_pg *pg, int peer, braid_conn **conn)
     /* The lower rank dials; the higher one takes it from its listener,
      * whose accept thread has already authenticated it. */
     braid_conn *c;
-    int local = pg->local_addr[peer][0] != '\0';
-    const braid_transport_ops *t = local ? pg->local_transport : pg->transport;
-    braid_listener *l = local ? pg->local_listener : pg->listener;
+    int id = pg->link[peer];
     if (pg->rank < peer)
-        BRAID_CHECK(t->connect(&pg->ctx, peer, local ? pg->local_addr[peer] : pg->peer_addr[peer], pg->timeout_ms, &c));
+        BRAID_CHECK(braid__transport_get((braid_transport_id)id)
+                        ->connect(&pg->ctx, peer, pg->addr[peer][id], pg->timeout_ms, &c));
     else
-        BRAID_CHECK(l->ops->accept(l, peer, pg->timeout_ms, &c));
+        BRAID_CHECK(pg->listeners[id]->ops->accept(pg->listeners[id], peer, pg->timeout_ms, &c));
     if (pg->checksum) {
         braid_status st = braid__checksum_wrap(pg->rank, &c);
         if (st != BRAID_OK) {

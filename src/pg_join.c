@@ -41,18 +41,23 @@ static braid_status store_barrier(braid_pg *pg, const char *name)
     return braid__store_get(pg->store, key, v, sizeof(v), &len, pg->timeout_ms);
 }
 
+/* Every rank's addresses, one record per rank with a slot per transport
+ * id ("" where it does not listen). */
 static braid_status exchange_addresses(braid_pg *pg)
 {
     char key[64];
     snprintf(key, sizeof(key), "addr/%d", pg->rank);
-    BRAID_CHECK(braid__store_set(pg->store, key, pg->peer_addr[pg->rank], strlen(pg->peer_addr[pg->rank]) + 1));
+    BRAID_CHECK(braid__store_set(pg->store, key, pg->addr[pg->rank], sizeof(pg->addr[pg->rank])));
     for (int i = 0; i < pg->size; i++) {
         if (i == pg->rank)
             continue;
         size_t len;
         snprintf(key, sizeof(key), "addr/%d", i);
-        BRAID_CHECK(braid__store_get(pg->store, key, pg->peer_addr[i], BRAID_ADDR_MAX, &len, pg->timeout_ms));
-        if (len == 0 || len > BRAID_ADDR_MAX || pg->peer_addr[i][len - 1] != '\0')
+        BRAID_CHECK(braid__store_get(pg->store, key, pg->addr[i], sizeof(pg->addr[i]), &len, pg->timeout_ms));
+        int ok = len == sizeof(pg->addr[i]);
+        for (int id = 0; ok && id < BRAID_TRANSPORT_ID_COUNT; id++)
+            ok = memchr(pg->addr[i][id], '\0', BRAID_ADDR_MAX) != NULL;
+        if (!ok)
             return braid__error(BRAID_ERR_PEER, "rank %d: rank %d published a malformed address", pg->rank, i);
     }
     return BRAID_OK;
@@ -94,10 +99,11 @@ static uint64_t host_hash(const char *id)
     return h;
 }
 
-/* Publish this rank's host identity and same-host address ("" without a
- * local transport); a pair uses the local transport when both ends
- * published an address from one host, so both decide alike. */
-static braid_status exchange_local(braid_pg *pg)
+/* Publish this rank's host identity and read everyone's: ranks of one
+ * host (exact identity) count towards local_rank and local_size, and are
+ * told to the transports as same-host pairs. Then each peer's transport,
+ * chosen alike at both ends from what both published. */
+static braid_status exchange_hosts(braid_pg *pg)
 {
     char key[64], me[512], other[512];
     size_t len;
@@ -107,8 +113,8 @@ static braid_status exchange_local(braid_pg *pg)
     pg->local_size = 1;
     snprintf(key, sizeof(key), "host/%d", pg->rank);
     BRAID_CHECK(braid__store_set(pg->store, key, me, strlen(me) + 1));
-    snprintf(key, sizeof(key), "laddr/%d", pg->rank);
-    BRAID_CHECK(braid__store_set(pg->store, key, pg->local_addr[pg->rank], strlen(pg->local_addr[pg->rank]) + 1));
+    braid_peer_info mine = {.rank = pg->rank, .host_hash = pg->host_hash[pg->rank], .same_host = 1};
+    int group_id = braid__transport_id_of(pg->transport);
     for (int i = 0; i < pg->size; i++) {
         if (i == pg->rank)
             continue;
@@ -117,16 +123,13 @@ static braid_status exchange_local(braid_pg *pg)
         if (len == 0 || len > sizeof(other) || other[len - 1] != '\0')
             return braid__error(BRAID_ERR_PEER, "rank %d: rank %d published a malformed host identity", pg->rank, i);
         pg->host_hash[i] = host_hash(other);
-        if (strcmp(me, other) == 0) {
+        int same = strcmp(me, other) == 0;
+        if (same) {
             pg->local_size++;
             pg->local_rank += i < pg->rank;
         }
-        snprintf(key, sizeof(key), "laddr/%d", i);
-        BRAID_CHECK(braid__store_get(pg->store, key, pg->local_addr[i], BRAID_ADDR_MAX, &len, pg->timeout_ms));
-        if (len == 0 || len > BRAID_ADDR_MAX || pg->local_addr[i][len - 1] != '\0')
-            return braid__error(BRAID_ERR_PEER, "rank %d: rank %d published a malformed address", pg->rank, i);
-        if (!pg->local_transport || strcmp(me, other) != 0)
-            pg->local_addr[i][0] = '\0';
+        braid_peer_info peer = {.rank = i, .host_hash = pg->host_hash[i], .same_host = same};
+        pg->link[i] = (unsigned char)braid__transport_for_peer(pg->listeners, pg->addr[i], group_id, &mine, &peer);
     }
     return BRAID_OK;
 }
@@ -198,6 +201,25 @@ out:
     return st;
 }
 
+/* Listen on the group's transport, and on one that serves same-host
+ * pairs beside it where want allows (braid__transport_select_local); that
+ * one failing only leaves its pairs to the group's transport. */
+static braid_status listen_all(braid_pg *pg, const char *want)
+{
+    int id = braid__transport_id_of(pg->transport);
+    BRAID_CHECK(pg->transport->listen(&pg->ctx, &pg->listeners[id], pg->addr[pg->rank][id]));
+    const braid_transport_ops *local = pg->size > 1 ? braid__transport_select_local(want, pg->rank) : NULL;
+    if (!local)
+        return BRAID_OK;
+    id = braid__transport_id_of(local);
+    if (local->listen(&pg->ctx, &pg->listeners[id], pg->addr[pg->rank][id]) != BRAID_OK) {
+        BRAID_INFO("rank %d: no %s for same-host peers: %s", pg->rank, local->name, braid_last_error());
+        pg->listeners[id] = NULL;
+        pg->addr[pg->rank][id][0] = '\0';
+    }
+    return BRAID_OK;
+}
+
 braid_status braid__pg_join(braid_pg *pg, const braid_rendezvous *rv, const braid_config *cfg)
 {
     BRAID_CHECK(braid__pg_apply_config(pg, cfg));
@@ -224,15 +246,7 @@ braid_status braid__pg_join(braid_pg *pg, const braid_rendezvous *rv, const brai
                            ? cfg->transports
                            : braid__param_str("BRAID_TRANSPORT");
     BRAID_CHECK(select_transport(pg, want));
-    BRAID_CHECK(pg->transport->listen(&pg->ctx, &pg->listener, pg->peer_addr[pg->rank]));
-    pg->local_transport = pg->size > 1 ? braid__transport_select_local(want, pg->rank) : NULL;
-    if (pg->local_transport &&
-        pg->local_transport->listen(&pg->ctx, &pg->local_listener, pg->local_addr[pg->rank]) != BRAID_OK) {
-        BRAID_INFO("rank %d: no %s for same-host peers: %s", pg->rank, pg->local_transport->name, braid_last_error());
-        pg->local_transport = NULL;
-        pg->local_listener = NULL;
-        pg->local_addr[pg->rank][0] = '\0';
-    }
+    BRAID_CHECK(listen_all(pg, want));
     BRAID_CHECK(braid__devlink_listen(pg, want));
     BRAID_CHECK(exchange_addresses(pg));
     /* Every rank announced its checksum setting before its address, so all
@@ -240,7 +254,7 @@ braid_status braid__pg_join(braid_pg *pg, const braid_rendezvous *rv, const brai
      * outlives, and judged after it, so every rank fails alike. */
     int64_t checksum_ranks;
     BRAID_CHECK(braid__checksum_count(pg->store, &checksum_ranks));
-    BRAID_CHECK(exchange_local(pg));
+    BRAID_CHECK(exchange_hosts(pg));
     BRAID_CHECK(braid__devlink_exchange(pg));
     BRAID_CHECK(braid__devcoll_exchange(pg));
     BRAID_CHECK(braid__shrink_prepare(pg, cfg));
@@ -268,16 +282,17 @@ braid_status braid__pg_join(braid_pg *pg, const braid_rendezvous *rv, const brai
     }
     BRAID_CHECK(braid__devlink_connect(pg));
     BRAID_CHECK(braid__work_start_thread(pg));
-    int nlocal = 0;
+    int nlocal = 0, group_id = braid__transport_id_of(pg->transport);
     for (int p = 0; p < pg->size; p++)
-        nlocal += p != pg->rank && pg->local_addr[p][0] != '\0';
+        nlocal += p != pg->rank && pg->link[p] != group_id;
+    const braid_transport_ops *local = braid__transport_some_pairs(pg->listeners);
     char socks[16] = "auto";
     if (pg->ctx.nsocks > 0)
         snprintf(socks, sizeof(socks), "%d", pg->ctx.nsocks);
     BRAID_INFO("rank %d of %d joined via %s:%d, transport %s, listening on %s, %s sockets/peer, chunk %zu, "
                "%s for %d same-host peers, %d cuda_ipc device links",
-               pg->rank, pg->size, rv->host, rv->port, pg->transport->name, pg->peer_addr[pg->rank], socks,
-               pg->chunk_bytes, pg->local_transport ? pg->local_transport->name : "none", nlocal,
+               pg->rank, pg->size, rv->host, rv->port, pg->transport->name, pg->addr[pg->rank][group_id],
+               socks, pg->chunk_bytes, local ? local->name : "none", nlocal,
                braid__devlink_count(pg));
     return BRAID_OK;
 }

@@ -27,32 +27,7 @@ static const braid_transport_ops *builtin_at(int id)
     return id == BRAID_TRANSPORT_CUDA_IPC ? braid__cuda_ipc_transport() : fixed[id];
 }
 
-/* Which peers a transport can serve. Selection reads this, never a name:
- * a transport that serves only some pairs is left out of the group's
- * choice when a list names it beside others, and serves those pairs
- * beside the group's transport instead. */
-typedef enum {
-    SCOPE_ANY = 0,     /* any pair: a candidate for the group's transport */
-    SCOPE_SAME_HOST,   /* pairs on one host (braid__transport_select_local) */
-    SCOPE_DEVICE_LINK, /* device calls between same-host ring neighbours (src/devlink.c) */
-} transport_scope;
-
-typedef struct {
-    transport_scope scope;
-    /* The whole group agrees on it before any rank uses it: it reaches
-     * other hosts but, unlike TCP, may be missing or broken on some of
-     * them, and a pair whose ends chose differently could never connect. */
-    int agreed;
-} transport_caps;
-
-static const transport_caps caps[BRAID_TRANSPORT_ID_COUNT] = {
-    [BRAID_TRANSPORT_TCP] = {.scope = SCOPE_ANY},
-    [BRAID_TRANSPORT_VERBS] = {.scope = SCOPE_ANY, .agreed = 1},
-    [BRAID_TRANSPORT_SHM] = {.scope = SCOPE_SAME_HOST},
-    [BRAID_TRANSPORT_CUDA_IPC] = {.scope = SCOPE_DEVICE_LINK},
-};
-
-/* Auto-selection order of the group's transport (SCOPE_ANY only): fastest
+/* Auto-selection order of the group's transport (BRAID_TRANSPORT_ANY_PAIR only): fastest
  * first, TCP last since it works anywhere. */
 static const braid_transport_id preference[] = {BRAID_TRANSPORT_VERBS, BRAID_TRANSPORT_TCP};
 
@@ -78,7 +53,7 @@ static int usable(const braid_transport_ops *ops, int rank, char *why, size_t wh
     return 0;
 }
 
-static int id_of(const braid_transport_ops *t)
+int braid__transport_id_of(const braid_transport_ops *t)
 {
     for (int i = 0; i < BRAID_TRANSPORT_ID_COUNT; i++)
         if (builtin_at(i) == t)
@@ -89,15 +64,14 @@ static int id_of(const braid_transport_ops *t)
 /* Transports the whole group agrees on before any rank uses one. */
 static int agreed(const braid_transport_ops *t)
 {
-    int id = t ? id_of(t) : -1;
-    return id >= 0 && caps[id].agreed;
+    return t && t->agreed;
 }
 
 /* The built-in transport of the given scope (one each), or NULL. */
-static const braid_transport_ops *scoped(transport_scope scope)
+static const braid_transport_ops *scoped(braid_transport_scope scope)
 {
     for (int i = 0; i < BRAID_TRANSPORT_ID_COUNT; i++)
-        if (caps[i].scope == scope && builtin_at(i))
+        if (builtin_at(i) && builtin_at(i)->scope == (int)scope)
             return builtin_at(i);
     return NULL;
 }
@@ -217,7 +191,7 @@ void braid__transport_tally_add(braid_transport_tally *tally, int voter, const c
 
 int braid__transport_devlinks_wanted(const char *want)
 {
-    const braid_transport_ops *ipc = scoped(SCOPE_DEVICE_LINK);
+    const braid_transport_ops *ipc = scoped(BRAID_TRANSPORT_DEVICE_LINK);
     if (!ipc)
         return 0;
     if (!want)
@@ -228,7 +202,7 @@ int braid__transport_devlinks_wanted(const char *want)
 
 const braid_transport_ops *braid__transport_select_local(const char *want, int rank)
 {
-    const braid_transport_ops *shm = scoped(SCOPE_SAME_HOST);
+    const braid_transport_ops *shm = scoped(BRAID_TRANSPORT_SOME_PAIRS);
     char why[512];
     if (!shm)
         return NULL;
@@ -258,7 +232,7 @@ static int group_usable(const braid_transport_ops *t, int rank, const braid_tran
 {
     if (!agreed(t) || !tally)
         return usable(t, rank, why, cap);
-    int id = id_of(t);
+    int id = braid__transport_id_of(t);
     if (tally->failed[id] == 0)
         return 1;
     tally_reason(tally, id, why, cap);
@@ -268,7 +242,7 @@ static int group_usable(const braid_transport_ops *t, int rank, const braid_tran
 braid_status braid__transport_select(const char *want, int rank, const braid_transport_tally *tally,
                                      const braid_transport_ops **ops)
 {
-    /* A transport that serves only some pairs (caps[].scope) is the
+    /* A transport that serves only some pairs (its scope) is the
      * group's transport only when named alone; next to other names it
      * serves its pairs beside the group's transport (same-host peers:
      * braid__transport_select_local; device links:
@@ -291,7 +265,7 @@ braid_status braid__transport_select(const char *want, int rank, const braid_tra
             p += len;
             if (*p == ',')
                 p++;
-            if (!t || (nwant > 1 && caps[id_of(t)].scope != SCOPE_ANY))
+            if (!t || (nwant > 1 && t->scope != BRAID_TRANSPORT_ANY_PAIR))
                 continue; /* some pairs only: braid__transport_select_local, src/devlink.c */
         } else {
             t = builtin_at(preference[k]);
@@ -322,4 +296,26 @@ braid_status braid__transport_select(const char *want, int rank, const braid_tra
         return braid__error(BRAID_ERR_UNSUPPORTED, "rank %d: none of the requested transports '%s' is usable (%s: %s)",
                             rank, want, last, why);
     return braid__error(BRAID_ERR_UNSUPPORTED, "rank %d: none of the requested transports '%s' is usable", rank, want);
+}
+
+int braid__transport_for_peer(braid_listener *const listeners[BRAID_TRANSPORT_ID_COUNT],
+                              const char addr[BRAID_TRANSPORT_ID_COUNT][BRAID_ADDR_MAX], int group_id,
+                              const braid_peer_info *me, const braid_peer_info *peer)
+{
+    for (int id = 0; id < BRAID_TRANSPORT_ID_COUNT; id++) {
+        const braid_transport_ops *t = builtin_at(id);
+        if (id == group_id || !t || t->scope != BRAID_TRANSPORT_SOME_PAIRS || !listeners[id] || !addr[id][0])
+            continue;
+        if (!BRAID_TRANSPORT_HAS(t, can_connect) || t->can_connect(me, peer))
+            return id;
+    }
+    return group_id;
+}
+
+const braid_transport_ops *braid__transport_some_pairs(braid_listener *const listeners[BRAID_TRANSPORT_ID_COUNT])
+{
+    for (int id = 0; id < BRAID_TRANSPORT_ID_COUNT; id++)
+        if (listeners[id] && builtin_at(id) && builtin_at(id)->scope == BRAID_TRANSPORT_SOME_PAIRS)
+            return builtin_at(id);
+    return NULL;
 }

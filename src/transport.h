@@ -14,6 +14,20 @@ typedef enum {
 
 /* The ops of transport id, or NULL when not built in. */
 const braid_transport_ops *braid__transport_get(braid_transport_id id);
+/* The id of built-in transport t, or -1. */
+int braid__transport_id_of(const braid_transport_ops *t);
+
+/* The transport that serves the pair (me, peer), as an id, decided alike
+ * at both ends: the first transport that serves some pairs (scope
+ * BRAID_TRANSPORT_SOME_PAIRS), listens here (listeners[id]), has the
+ * peer's address (addr[id], "" where the peer does not listen on it) and
+ * accepts the pair (can_connect); else the group's transport, group_id.
+ * NCCL's selectTransport asks its transports the same way. */
+int braid__transport_for_peer(braid_listener *const listeners[BRAID_TRANSPORT_ID_COUNT],
+                              const char addr[BRAID_TRANSPORT_ID_COUNT][BRAID_ADDR_MAX], int group_id,
+                              const braid_peer_info *me, const braid_peer_info *peer);
+/* The transport serving some pairs that listeners has, or NULL (for logs). */
+const braid_transport_ops *braid__transport_some_pairs(braid_listener *const listeners[BRAID_TRANSPORT_ID_COUNT]);
 
 /* Group agreement on the transports that need it (verbs: reaches other
  * hosts, but may be missing or broken on some). Every rank builds its vote

@@ -228,7 +228,7 @@ static int stray_body(braid_pg *pg, void *arg)
     int rank = braid_pg_rank(pg), n = braid_pg_size(pg);
     if (rank == 0)
         for (int p = 0; p < n; p++)
-            pester(pg->peer_addr[p]);
+            pester(pg->addr[p][braid__transport_id_of(pg->transport)]);
     enum { N = 100003 };
     static int32_t buf[N];
     for (int iter = 0; iter < 20; iter++) {
@@ -236,7 +236,7 @@ static int stray_body(braid_pg *pg, void *arg)
             buf[i] = rank + i + iter;
         if (rank == 0 && iter == 10)
             for (int p = 0; p < n; p++)
-                pester(pg->peer_addr[p]);
+                pester(pg->addr[p][braid__transport_id_of(pg->transport)]);
         if (braid_allreduce(pg, buf, buf, N, BRAID_I32, BRAID_SUM, NULL, NULL) != BRAID_OK)
             HARNESS_FAIL("rank %d: allreduce with strays around: %s", rank, braid_last_error());
         for (int i = 0; i < N; i++)

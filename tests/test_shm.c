@@ -775,6 +775,9 @@ static int mixed_rank(braid_pg *pg)
         if (!pg->conns[p] || strcmp(pg->conns[p]->ops->name, want) != 0)
             HARNESS_FAIL("rank %d: peer %d uses %s, want %s", rank, p,
                          pg->conns[p] ? pg->conns[p]->ops->name : "nothing", want);
+        const char *named = braid_pg_peer_transport(pg, p);
+        if (!named || strcmp(named, want) != 0)
+            HARNESS_FAIL("rank %d: braid_pg_peer_transport(%d) = %s, want %s", rank, p, named ? named : "NULL", want);
     }
     for (size_t k = 0; k < NGROUP_COUNTS; k++) {
         group_arg a = {.count = group_counts[k]};

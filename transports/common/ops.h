@@ -29,14 +29,16 @@ braid_dereg_mem_func_t braid__dereg_mem_none;
 
 /* The ops table of a transport that needs no memory registration and
  * names its slot functions by the rule braid__<name>_<slot>:
- * `const braid_transport_ops braid__tcp_ops = BRAID_COPY_TRANSPORT_OPS(tcp, tcp_probe);` */
-#define BRAID_COPY_TRANSPORT_OPS(name_, probe_)                                                                        \
+ * `const braid_transport_ops braid__tcp_ops = BRAID_COPY_TRANSPORT_OPS(tcp, tcp_probe, BRAID_TRANSPORT_ANY_PAIR,
+ * NULL);` */
+#define BRAID_COPY_TRANSPORT_OPS(name_, probe_, scope_, can_connect_)                                                 \
     {                                                                                                                  \
         .size = sizeof(braid_transport_ops), .name = #name_, .probe = probe_, .listen = braid__##name_##_listen,       \
         .accept = braid__##name_##_accept, .close_listener = braid__##name_##_close_listener,                          \
         .connect = braid__##name_##_connect, .reg_mem = braid__reg_mem_none, .dereg_mem = braid__dereg_mem_none,       \
         .isend = braid__##name_##_isend, .irecv = braid__##name_##_irecv, .test = braid__##name_##_test,               \
-        .progress = braid__##name_##_progress, .close = braid__##name_##_close,                                        \
+        .progress = braid__##name_##_progress, .close = braid__##name_##_close, .scope = scope_,                       \
+        .can_connect = can_connect_,                                                                                   \
     }
 
 #endif

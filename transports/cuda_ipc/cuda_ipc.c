@@ -235,4 +235,5 @@ const braid_transport_ops braid__cuda_ipc_ops = {
     .reg_mem = braid__reg_mem_none, .dereg_mem = braid__dereg_mem_none, /* copies go through the staging ring */
     .isend = ipc_isend, .irecv = ipc_irecv, .test = ipc_test,
     .progress = ipc_progress, .close = ipc_close,
+    .scope = BRAID_TRANSPORT_DEVICE_LINK, /* every pair only when named alone */
 };

@@ -25,4 +25,12 @@ static braid_status shm_probe(char *why, size_t why_len)
     return BRAID_OK;
 }
 
-const braid_transport_ops braid__shm_ops = BRAID_COPY_TRANSPORT_OPS(shm, shm_probe);
+/* Shared memory reaches ranks of this host only. */
+static int shm_can_connect(const braid_peer_info *me, const braid_peer_info *peer)
+{
+    (void)me;
+    return peer->same_host;
+}
+
+const braid_transport_ops braid__shm_ops =
+    BRAID_COPY_TRANSPORT_OPS(shm, shm_probe, BRAID_TRANSPORT_SOME_PAIRS, shm_can_connect);

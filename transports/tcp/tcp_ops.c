@@ -13,4 +13,4 @@ static braid_status tcp_probe(char *why, size_t why_len)
     return BRAID_OK;
 }
 
-const braid_transport_ops braid__tcp_ops = BRAID_COPY_TRANSPORT_OPS(tcp, tcp_probe);
+const braid_transport_ops braid__tcp_ops = BRAID_COPY_TRANSPORT_OPS(tcp, tcp_probe, BRAID_TRANSPORT_ANY_PAIR, NULL);

@@ -192,4 +192,5 @@ const braid_transport_ops braid__verbs_ops = {
     .reg_mem = verbs_reg_mem, .dereg_mem = verbs_dereg_mem,
     .isend = verbs_isend, .irecv = verbs_irecv, .test = braid__verbs_test,
     .progress = braid__verbs_progress, .close = braid__verbs_conn_close,
+    .scope = BRAID_TRANSPORT_ANY_PAIR, .agreed = 1,
 };
