@@ -56,10 +56,24 @@ typedef struct {
     unsigned char send_blocks, recv_blocks; /* braid_blocks */
 } braid_kind_traits;
 
-/* The traits of kind; a row named "?" for a value that is no kind. */
-const braid_kind_traits *braid__kind(int kind);
+#define BRAID_COLL_KIND_COUNT (BRAID_COLL_SCATTER + 1)
+extern const braid_kind_traits braid__kind_table[BRAID_COLL_KIND_COUNT];
+extern const braid_kind_traits braid__kind_unknown;
+
+/* The traits of kind; a row named "?" for a value that is no kind. Inline:
+ * every call reads it on its way in. */
+static inline const braid_kind_traits *braid__kind(int kind)
+{
+    if ((unsigned)kind >= BRAID_COLL_KIND_COUNT || !braid__kind_table[kind].name)
+        return &braid__kind_unknown;
+    return &braid__kind_table[kind];
+}
+
 /* 1 when kind is a braid_coll_kind. */
-int braid__kind_valid(int kind);
+static inline int braid__kind_valid(int kind)
+{
+    return braid__kind(kind) != &braid__kind_unknown;
+}
 /* The blocks b comes to on rank of a group of size with this root. */
 size_t braid__blocks_on(braid_blocks b, int rank, int root, int size);
 

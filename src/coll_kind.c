@@ -12,7 +12,7 @@
 #define ROOT_ALL BRAID_BLOCKS_ROOT_ALL
 
 /* Unnamed fields are 0: no op, no root, not in place, no buffer. */
-static const braid_kind_traits kinds[] = {
+const braid_kind_traits braid__kind_table[BRAID_COLL_KIND_COUNT] = {
     ROW(ALLREDUCE) = {.name = "allreduce",
                       .nccl_name = "ncclAllReduce",
                       .has_op = 1,
@@ -62,19 +62,7 @@ static const braid_kind_traits kinds[] = {
                     .recv_blocks = ONE},
 };
 
-static const braid_kind_traits unknown = {.name = "?", .nccl_name = "?"};
-
-const braid_kind_traits *braid__kind(int kind)
-{
-    if (kind <= 0 || kind >= (int)(sizeof(kinds) / sizeof(kinds[0])) || !kinds[kind].name)
-        return &unknown;
-    return &kinds[kind];
-}
-
-int braid__kind_valid(int kind)
-{
-    return braid__kind(kind) != &unknown;
-}
+const braid_kind_traits braid__kind_unknown = {.name = "?", .nccl_name = "?"};
 
 size_t braid__blocks_on(braid_blocks b, int rank, int root, int size)
 {
