@@ -98,7 +98,7 @@ int braid__cuda_sm_count(int device)
  * what the runtime API and the frameworks on it use), every pointer is host
  * memory and no CUDA call is needed. A CPU-only job therefore never loads
  * or initializes CUDA through braid, and pays one look at the loader's
- * object count (src/dl_loaded.c) and, once the driver is loaded, a few
+ * object count (src/base/dl_loaded.c) and, once the driver is loaded, a few
  * driver queries per call until a context shows up; from then on the answer is cached. Not seen: memory of a
  * context made with cuCtxCreate on another thread and never current on
  * the calling one (runtime-API programs never have such contexts). */

@@ -23,7 +23,7 @@
  *    the windows hold.
  *
  * A side whose connection moves device memory itself (a device link,
- * src/devlink.c, where the neighbour runs the device ring too; or a group
+ * src/lifecycle/devlink.c, where the neighbour runs the device ring too; or a group
  * whose transport is cuda_ipc) skips its pinned slots: receives land in
  * dslot (reduce-scatter) or in recv (all-gather) and a slot is free once
  * the kernel that read it finished; sends go from send/recv once ev_d2h,
@@ -53,7 +53,7 @@
 #include "algo/ring_cursor.h"
 #include "pg_algo.h"
 #include "status.h"
-#include "transport.h"
+#include "transports/registry.h"
 #include "transports/cuda_ipc/cuda_ipc.h"
 
 /* Whether conn moves device memory itself (isend reads device memory,

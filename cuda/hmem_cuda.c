@@ -1,4 +1,4 @@
-/* Device buffers in every call and group (src/hmem.h), CUDA build:
+/* Device buffers in every call and group (src/calls/hmem.h), CUDA build:
  * submission and the job. The design and what blocks is in docs/CUDA.md;
  * in short:
  *
@@ -49,7 +49,7 @@
 #include "device_coll_group.h"
 #include "log.h"
 #include "status.h"
-#include "transport.h"
+#include "transports/registry.h"
 
 /* Per-job state, freed by braid__hmem_coll_release. */
 struct braid_hmem_job {

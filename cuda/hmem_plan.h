@@ -6,7 +6,7 @@
 
 #include <stddef.h>
 
-#include "coll.h"
+#include "algo/coll.h"
 
 /* Pool areas start on this boundary. */
 #define BRAID_PLAN_ALIGN 256

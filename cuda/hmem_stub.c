@@ -1,4 +1,4 @@
-/* src/hmem.h without CUDA: no pointer is device memory, so every call takes
+/* src/calls/hmem.h without CUDA: no pointer is device memory, so every call takes
  * the CPU path, and a CUDA stream is refused as before. */
 #include "pg_algo.h"
 #include "hmem.h"

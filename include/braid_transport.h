@@ -61,7 +61,7 @@ typedef struct {
 typedef enum {
     BRAID_TRANSPORT_ANY_PAIR = 0,    /* any: a candidate for the group's transport */
     BRAID_TRANSPORT_SOME_PAIRS = 1,  /* those can_connect accepts, beside the group's transport (shm) */
-    BRAID_TRANSPORT_DEVICE_LINK = 2, /* device calls between same-host ring neighbours (src/devlink.c) */
+    BRAID_TRANSPORT_DEVICE_LINK = 2, /* device calls between same-host ring neighbours (src/lifecycle/devlink.c) */
 } braid_transport_scope;
 
 typedef enum { BRAID_REQ_SEND = 1, BRAID_REQ_RECV = 2 } braid_req_kind;

@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "bootstrap/bootstrap.h"
-#include "checksum.h"
+#include "transports/checksum/checksum.h"
 #include "crc32c.h"
 #include "harness.h"
 #include "pg.h"

@@ -6,7 +6,7 @@
  * the comparison does not depend on how the staging splits the buffer.
  *
  * Covers: every dtype x op, odd counts, in place and out of place, one
- * staging piece and several (src/hmem.h; above one piece all-reduce runs
+ * staging piece and several (src/calls/hmem.h; above one piece all-reduce runs
  * as the device ring with kernels), a host rank in a device ring, blocking calls, work handles
  * with the caller's stream ordered both ways (an unsynchronized copy in
  * before the call, a copy out after it), the legacy default stream, a

@@ -1,4 +1,4 @@
-/* src/dl_loaded.c: "is this library loaded?" never loads it, answers
+/* src/base/dl_loaded.c: "is this library loaded?" never loads it, answers
  * absent while it is absent (also from the kept answer), and sees a library
  * the program loads later, as a program that imports a CUDA framework after
  * its first collective does. libresolv stands in for the CUDA driver: it

@@ -1,4 +1,4 @@
-/* All-to-all, gather and scatter (src/exchange.c) on 1..8 loopback ranks:
+/* All-to-all, gather and scatter (src/calls/exchange.c) on 1..8 loopback ranks:
  * every dtype, counts from 0 to several chunks, every root, in and out of
  * place, blocking and with work handles, inside a caller's group, and the
  * usage errors. Each element encodes (source rank, destination block,

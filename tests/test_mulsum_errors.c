@@ -2,7 +2,7 @@
  *  - a NULL scalar, and op BRAID_MULSUM given to the plain calls (which
  *    have no scalar), are BRAID_ERR_INVALID_ARG naming the cause;
  *  - one rank's NULL scalar is refused to its peers too: their matching
- *    call fails at once naming that rank (src/refuse.h), not at the
+ *    call fails at once naming that rank (src/calls/refuse.h), not at the
  *    timeout;
  *  - a rank calling a plain SUM while its peers call a *_mulsum function
  *    never gives a result: every rank fails fast, with BRAID_ERR_MISMATCH

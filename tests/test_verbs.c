@@ -32,7 +32,7 @@
 #include "harness.h"
 #include "pg.h"
 #include "status.h"
-#include "transport.h"
+#include "transports/registry.h"
 #ifdef BRAID_HAVE_VERBS
 #include "transports/verbs/verbs_conn.h"
 #endif

@@ -62,7 +62,7 @@ braid_status braid__fp_check(braid_algo_run *run, int peer, const uint8_t theirs
 
 /* Mark a fingerprint as the device ring's (cuda/device_ring.c). The flag is
  * not compared: a host rank may join the call; it tells a neighbour with
- * a device link (src/devlink.c) whether to move the data over it. */
+ * a device link (src/lifecycle/devlink.c) whether to move the data over it. */
 void braid__fp_set_dring(uint8_t fp[BRAID_FP_BYTES]);
 int braid__fp_dring(const uint8_t fp[BRAID_FP_BYTES]);
 
@@ -151,7 +151,7 @@ braid_algo braid__allreduce_algo(const braid_algo_ctx *ctx, size_t count, braid_
 size_t braid__rd_max_bytes(int n);
 
 /* Run one collective (or a recorded group) on the calling thread; the
- * caller breaks the group on failure (src/pg_algo.c). */
+ * caller breaks the group on failure (src/calls/pg_algo.c). */
 braid_status braid__algo_coll_run(const braid_algo_ctx *ctx, braid_coll *coll);
 
 /* The tuner's cost model: microseconds a call of this kind is expected to

@@ -1,5 +1,5 @@
 /* What an algorithm may see of its group: the narrow context filled in
- * one place (src/pg_algo.c). Algorithms never see braid_pg; everything
+ * one place (src/calls/pg_algo.c). Algorithms never see braid_pg; everything
  * they need from it comes through here, as Gloo's algorithms see only a
  * context and a pair per peer. */
 #ifndef BRAID_ALGO_CTX_H
@@ -11,7 +11,7 @@
 
 #include "braid.h"
 #include "braid_transport.h"
-#include "coll.h"
+#include "algo/coll.h"
 
 struct braid_hier_topo;
 
@@ -35,11 +35,11 @@ typedef struct braid_algo_ctx {
     braid_status (*conn)(void *owner, int peer, braid_conn **conn);
     /* Scratch buffer of at least bytes, owned by the group. */
     braid_status (*scratch)(void *owner, size_t bytes, void **buf);
-    /* 1 when peer is joined by a device link (src/devlink.c). */
+    /* 1 when peer is joined by a device link (src/lifecycle/devlink.c). */
     int (*has_devlink)(void *owner, int peer);
     /* Just before each collective of a job runs (so after the one before
      * it in a group): the caller's work on its buffers, such as
-     * multiplying a MULSUM input (src/mulsum.c). *scratch, if set, is
+     * multiplying a MULSUM input (src/calls/mulsum.c). *scratch, if set, is
      * freed after the run. NULL: none. */
     braid_status (*prepare)(void *owner, struct braid_coll *coll, void **scratch);
 } braid_algo_ctx;

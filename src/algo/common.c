@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "algo.h"
-#include "checksum.h"
+#include "transports/checksum/checksum.h"
 #include "clock.h"
 #include "param.h"
 #include "status.h"

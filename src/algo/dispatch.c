@@ -19,7 +19,7 @@
  * measured on loopback before; RD_MAX_CAP bounds B* for large groups,
  * where recursive doubling's unpipelined full-buffer rounds stop paying. */
 #define RD_LATENCY_BYTES (28 * 1024)
-#define RD_MAX_CAP BRAID_RD_MAX_CAP /* src/pg_algo.c checks it against the device staging piece */
+#define RD_MAX_CAP BRAID_RD_MAX_CAP /* src/calls/pg_algo.c checks it against the device staging piece */
 
 /* Smallest message for which the tuner takes the hierarchical all-reduce
  * on a multi-host group (above recursive doubling's range in any case):

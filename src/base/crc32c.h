@@ -1,7 +1,7 @@
 /* CRC32C (Castagnoli, reflected polynomial 0x82F63B78): the checksum of
  * iSCSI, ext4 and SCTP, which x86 computes with the SSE4.2 crc32
  * instruction. braid uses it for the optional per-chunk checksum
- * (src/checksum.c). */
+ * (transports/checksum/checksum.c). */
 #ifndef BRAID_CRC32C_H
 #define BRAID_CRC32C_H
 

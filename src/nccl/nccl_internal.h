@@ -11,7 +11,7 @@
 #include <stdint.h>
 
 #include "braid.h"
-#include "coll.h"
+#include "algo/coll.h"
 #include "nccl.h"
 
 #if defined(__GNUC__)

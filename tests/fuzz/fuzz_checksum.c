@@ -1,4 +1,4 @@
-/* The checksum trailer (src/checksum.c) as read off the wire, and CRC32C.
+/* The checksum trailer (transports/checksum/checksum.c) as read off the wire, and CRC32C.
  *
  * Input: byte 0 picks the number of messages (1..3); then per message a
  * length byte (0..255) and that many payload bytes, then an 8-byte trailer
@@ -19,7 +19,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "checksum.h"
+#include "transports/checksum/checksum.h"
 #include "crc32c.h"
 #include "fuzz_common.h"
 #include "transports/tcp/tcp_conn.h"

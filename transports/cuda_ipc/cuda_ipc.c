@@ -16,7 +16,7 @@
  * (single-host groups whose GPUs reach each other): connections set up at
  * once, and a pair that cannot reach fails. Otherwise the group keeps
  * shm/TCP for everything and adds a device link (braid__cuda_ipc_wrap)
- * between same-host ring neighbours for the device ring (src/devlink.c):
+ * between same-host ring neighbours for the device ring (src/lifecycle/devlink.c):
  * those set up on first use, on the thread and device of the first device
  * call, and a pair that cannot reach settles on "unusable" (both ends
  * alike, through VERDICT messages) instead of failing. */

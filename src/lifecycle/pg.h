@@ -9,8 +9,8 @@
 #include "braid.h"
 #include "braid_transport.h"
 #include "bootstrap/store.h"
-#include "coll.h"
-#include "transport.h"
+#include "algo/coll.h"
+#include "transports/registry.h"
 
 struct braid_work {
     braid_coll coll;
@@ -43,14 +43,14 @@ struct braid_pg {
     int init_timeout_ms;        /* until every rank has reached the store (BRAID_INIT_TIMEOUT_MS) */
     size_t chunk_bytes;
     braid_algo algo;
-    int checksum;               /* CRC32C every message (src/checksum.c); same on every rank */
+    int checksum;               /* CRC32C every message (transports/checksum/checksum.c); same on every rank */
 
     /* Rendezvous: the store (rank 0 also serves it) and peer addresses. */
     braid_store_server *store_server;
     braid_store *store;
     /* Transports: the group's (`transport`: every pair no other serves)
      * and those that serve some pairs beside it (shm), by id
-     * (src/transport.h): listeners[id] (NULL: unused) and addr[p][id],
+     * (transports/registry.h): listeners[id] (NULL: unused) and addr[p][id],
      * rank p's address on it ("" where p does not listen on it). link[p]:
      * the id that serves peer p, chosen once, after the address exchange,
      * by braid__transport_for_peer. */
@@ -103,7 +103,7 @@ struct braid_pg {
     struct braid_group *group;
     uint64_t *p2p_seq;          /* [2 * size]: sends to, receives from each peer */
 
-    /* CUDA staging (src/hmem.h): pinned buffers and streams, made by the
+    /* CUDA staging (src/calls/hmem.h): pinned buffers and streams, made by the
      * first call on device memory. */
     struct braid_hmem *hmem;
 

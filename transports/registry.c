@@ -3,7 +3,7 @@
 
 #include "log.h"
 #include "status.h"
-#include "transport.h"
+#include "transports/registry.h"
 #include "transports/shm/shm.h"
 #include "transports/tcp/tcp.h"
 #ifdef BRAID_HAVE_VERBS
@@ -266,7 +266,7 @@ braid_status braid__transport_select(const char *want, int rank, const braid_tra
             if (*p == ',')
                 p++;
             if (!t || (nwant > 1 && t->scope != BRAID_TRANSPORT_ANY_PAIR))
-                continue; /* some pairs only: braid__transport_select_local, src/devlink.c */
+                continue; /* some pairs only: braid__transport_select_local, src/lifecycle/devlink.c */
         } else {
             t = builtin_at(preference[k]);
             if (!t)

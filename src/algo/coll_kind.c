@@ -1,7 +1,7 @@
 /* What each kind of call is (coll.h): one row per kind, read by the entry
  * checks, refusals, fingerprints, the tuner, device staging and the NCCL
  * shim, so that none of them spells out a list of kinds of its own. */
-#include "coll.h"
+#include "algo/coll.h"
 
 #define ROW(k) [BRAID_COLL_##k]
 #define EQUAL BRAID_IN_PLACE_EQUAL

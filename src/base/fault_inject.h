@@ -7,7 +7,7 @@
 #define BRAID_FAULT_INJECT_H
 
 /* BRAID_TEST_CORRUPT_CHUNK=K: flip one bit of the K-th non-empty message
- * this process receives with checksums on (src/checksum.c). K, or 0 for
+ * this process receives with checksums on (transports/checksum/checksum.c). K, or 0 for
  * never. */
 long long braid__fault_corrupt_chunk_at(void);
 

@@ -20,7 +20,7 @@
 #define BRAID_REFUSE_H
 
 #include "braid.h"
-#include "coll.h"
+#include "algo/coll.h"
 
 /* At a public entry point, after its argument checks failed with st and
  * set the error text. For BRAID_ERR_INVALID_ARG on a usable group of

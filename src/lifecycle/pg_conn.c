@@ -3,13 +3,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "checksum.h"
+#include "transports/checksum/checksum.h"
 #include "device_coll_group.h"
 #include "devlink.h"
 #include "log.h"
 #include "pg.h"
 #include "status.h"
-#include "transport.h"
+#include "transports/registry.h"
 
 braid_status braid__pg_conn(braid_pg *pg, int peer, braid_conn **conn)
 {

@@ -8,7 +8,7 @@
 #include "devlink.h"
 #include "log.h"
 #include "status.h"
-#include "transport.h"
+#include "transports/registry.h"
 #include "transports/cuda_ipc/cuda_ipc.h"
 #include "transports/tcp/tcp.h"
 

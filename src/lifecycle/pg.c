@@ -21,7 +21,7 @@
 #include "pg_shrink.h"
 #include "refuse.h"
 #include "status.h"
-#include "transport.h"
+#include "transports/registry.h"
 
 #define STORE_DRAIN_MS 5000 /* longest rank 0 waits at destroy for others to leave its store */
 

@@ -16,8 +16,8 @@ typedef enum {
     BRAID_COLL_SEND,  /* point-to-point with .peer; takes no sequence number */
     BRAID_COLL_RECV,
     BRAID_COLL_GROUP, /* .ops[0..nops) recorded between braid_group_start/end */
-    /* Run as a GROUP of sends and receives (src/exchange.c); a job of these
-     * kinds is only ever a refusal (src/refuse.h), and names the group's
+    /* Run as a GROUP of sends and receives (src/calls/exchange.c); a job of these
+     * kinds is only ever a refusal (src/calls/refuse.h), and names the group's
      * call (.call). Last, so the kinds above keep their wire values. */
     BRAID_COLL_ALLTOALL,
     BRAID_COLL_GATHER,
@@ -50,7 +50,7 @@ typedef struct {
     unsigned char has_op;   /* takes a reduction op */
     unsigned char has_root; /* takes a root */
     unsigned char p2p;      /* a send or receive: takes a peer, no sequence number */
-    unsigned char exchange; /* runs as a group of sends and receives (src/exchange.c) */
+    unsigned char exchange; /* runs as a group of sends and receives (src/calls/exchange.c) */
     unsigned char one_buf;  /* the public call takes one buffer, "buf" (broadcast, send, recv) */
     unsigned char in_place; /* braid_in_place */
     unsigned char send_blocks, recv_blocks; /* braid_blocks */
@@ -78,7 +78,7 @@ static inline int braid__kind_valid(int kind)
 size_t braid__blocks_on(braid_blocks b, int rank, int root, int size);
 
 /* Where a buffer lives, decided once per buffer at a call's entry by the
- * one classifier (braid__mem_of, src/hmem.h) and carried in the call
+ * one classifier (braid__mem_of, src/calls/hmem.h) and carried in the call
  * record. Zero is host memory. */
 typedef struct {
     int device_mem; /* 1: CUDA device or managed memory */
@@ -100,10 +100,10 @@ typedef struct braid_coll {
     struct braid_coll *ops; /* GROUP: the recorded calls; the job owns them */
     int nops;
     braid_coll_kind call;        /* GROUP: the public call it runs (ALLTOALL...), 0 for braid_group_end's */
-    struct braid_hmem_job *hmem; /* device buffers: staging job (src/hmem.h); the job owns it */
-    int premul;                  /* MULSUM: send is still to be multiplied by scalar (src/mulsum.c) */
+    struct braid_hmem_job *hmem; /* device buffers: staging job (src/calls/hmem.h); the job owns it */
+    int premul;                  /* MULSUM: send is still to be multiplied by scalar (src/calls/mulsum.c) */
     unsigned char scalar[8];     /* MULSUM: this rank's scalar, one element of dtype */
-    const char *refused; /* set: this rank refused the call, for this reason; tell the peers (src/refuse.h) */
+    const char *refused; /* set: this rank refused the call, for this reason; tell the peers (src/calls/refuse.h) */
     braid_mem send_mem, recv_mem; /* set at the entry (count > 0; braid__coll_classify) */
     void *stream; /* a call inside a group: the caller's CUDA stream (cudaStream_t), or NULL */
 } braid_coll;

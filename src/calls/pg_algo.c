@@ -78,7 +78,7 @@ braid_status braid__coll_run(braid_pg *pg, braid_coll *coll)
         return st;
     braid_algo_ctx ctx;
     braid__pg_algo_ctx(pg, &ctx);
-    /* A peer's failure may be its refusal of the call: say so (src/refuse.c)
+    /* A peer's failure may be its refusal of the call: say so (src/calls/refuse.c)
      * before the group breaks, so that later calls name the cause too. */
     st = braid__refusal_explain(pg, coll, braid__algo_coll_run(&ctx, coll));
     if (st != BRAID_OK)

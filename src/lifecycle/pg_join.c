@@ -10,7 +10,7 @@
 #include "bootstrap/auth.h"
 #include "bootstrap/sock.h"
 #include "bootstrap/store.h"
-#include "checksum.h"
+#include "transports/checksum/checksum.h"
 #include "device_coll_group.h"
 #include "devlink.h"
 #include "hmem.h"
@@ -21,7 +21,7 @@
 #include "pg_rendezvous.h"
 #include "pg_shrink.h"
 #include "status.h"
-#include "transport.h"
+#include "transports/registry.h"
 
 #define EAGER_MESH_MAX 64
 

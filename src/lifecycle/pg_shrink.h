@@ -20,7 +20,7 @@ void braid__shrink_release(braid_pg *pg);
  * diagnostics and the tests that squat it. */
 const char *braid__shrink_addr(const braid_pg *pg, int p);
 
-/* Notices between members outside the data links (src/refuse.h), through
+/* Notices between members outside the data links (src/calls/refuse.h), through
  * the store every rank serves on its shrink socket, authenticated with
  * the group's secret. Send: set key = value in every other rank's store,
  * within budget_ms in all (a rank that cannot be reached is skipped);

@@ -34,12 +34,12 @@
 #include <string.h>
 
 #include "bootstrap/store.h"
-#include "checksum.h"
+#include "transports/checksum/checksum.h"
 #include "crc32c.h"
 #include "fault_inject.h"
 #include "log.h"
 #include "status.h"
-#include "transport.h"
+#include "transports/registry.h"
 #include "bytes.h"
 
 #define SLOTS_PER_BLOCK 32

@@ -71,7 +71,7 @@ braid_status braid__transport_select(const char *want, int rank, const braid_tra
 const braid_transport_ops *braid__transport_select_local(const char *want, int rank);
 
 /* Whether the group should add cuda_ipc device links between same-host
- * ring neighbours (src/devlink.c): cuda_ipc is built and want is NULL or
+ * ring neighbours (src/lifecycle/devlink.c): cuda_ipc is built and want is NULL or
  * names it next to other transports (alone, it is the group's transport;
  * a list without it leaves it out). */
 int braid__transport_devlinks_wanted(const char *want);

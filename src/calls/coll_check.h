@@ -8,7 +8,7 @@
 #include <stddef.h>
 
 #include "braid.h"
-#include "coll.h"
+#include "algo/coll.h"
 
 /* 1 when [a, a+alen) and [b, b+blen) share a byte. */
 int braid__overlap(const void *a, size_t alen, const void *b, size_t blen);
