@@ -1,8 +1,10 @@
-/* Shared-memory transport suite: two real processes exchanging data
- * through the ops table (sizes across the ring size, both directions at
- * once, many outstanding requests, mismatched lengths, wrong secrets,
- * killed peers, descriptor and /dev/shm leaks), then 2- and 4-rank groups
- * running all-reduce and broadcast over it. */
+/* Shared-memory transport suite, what only shm has: two real processes
+ * exchanging sizes around the ring's size and wrap, ring rewinds, wrong
+ * secrets, peers killed mid-transfer or freeing their buffer, descriptor
+ * and /dev/shm leaks, then 2- and 4-rank groups running all-reduce and
+ * broadcast over it, alone and beside TCP. The contract every transport
+ * keeps (sizes both ways, order, mismatches, a peer that leaves) is
+ * tests/test_transport.c's. */
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
@@ -20,6 +22,7 @@
 #include "clock.h"
 #include "harness.h"
 #include "pg.h"
+#include "transport_pair.h"
 #include "transports/shm/shm.h"
 #include "transports/shm/shm_conn.h"
 
@@ -40,66 +43,6 @@ static braid_transport_ctx make_ctx(int rank, int size, uint8_t key)
     ctx.timeout_ms = 10000;
     ctx.nsocks = 1;
     return ctx;
-}
-
-static void fill(uint8_t *buf, size_t len, uint64_t seed)
-{
-    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
-    for (size_t i = 0; i < len; i++) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        buf[i] = (uint8_t)x;
-    }
-}
-
-static int check_fill(const uint8_t *buf, size_t len, uint64_t seed)
-{
-    uint8_t *want = malloc(len ? len : 1);
-    if (!want)
-        return 0;
-    fill(want, len, seed);
-    int ok = memcmp(want, buf, len) == 0;
-    free(want);
-    return ok;
-}
-
-/* Wait for every request on one connection, the way the algorithms do. */
-static braid_status wait_all(braid_req *reqs, int n, int timeout_ms)
-{
-    int64_t deadline = braid__now_ms() + timeout_ms;
-    braid_conn *conn = reqs[0].conn;
-    for (;;) {
-        int all = 1;
-        for (int i = 0; i < n; i++) {
-            int done;
-            braid_status st = ops->test(&reqs[i], &done);
-            if (st != BRAID_OK)
-                return st;
-            all &= done;
-        }
-        if (all)
-            return BRAID_OK;
-        if (braid__now_ms() > deadline)
-            return BRAID_ERR_TIMEOUT;
-        braid_status st = ops->progress(&conn, 1, -1, 100);
-        if (st != BRAID_OK)
-            return st;
-    }
-}
-
-static braid_status send_blocking(braid_conn *c, const void *buf, size_t len)
-{
-    braid_req r;
-    braid_status st = ops->isend(c, &r, buf, len);
-    return st != BRAID_OK ? st : wait_all(&r, 1, 30000);
-}
-
-static braid_status recv_blocking(braid_conn *c, void *buf, size_t len)
-{
-    braid_req r;
-    braid_status st = ops->irecv(c, &r, buf, len);
-    return st != BRAID_OK ? st : wait_all(&r, 1, 30000);
 }
 
 static int count_fds(void)
@@ -130,23 +73,6 @@ static int dev_shm_braid_entries(void)
 /* ---- a pair of processes ------------------------------------------------- */
 
 typedef int (*side_fn)(braid_conn *conn, void *arg);
-
-static int wait_child(pid_t pid, int timeout_s)
-{
-    int64_t deadline = braid__now_ms() + timeout_s * 1000;
-    for (;;) {
-        int status;
-        pid_t r = waitpid(pid, &status, WNOHANG);
-        if (r == pid)
-            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        if (braid__now_ms() > deadline) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            return 124;
-        }
-        usleep(2000);
-    }
-}
 
 /* Children are forked before any braid thread exists and then read the
  * listener's address from a pipe (forking with another thread holding a
@@ -203,7 +129,7 @@ static int run_pair_keyed(uint8_t child_key, side_fn dialer, side_fn acceptor, v
         rc = acceptor(conn, arg);
         ops->close(conn);
     }
-    *child_rc = wait_child(pid, 120);
+    *child_rc = tp_wait_child(pid, 120);
     ops->close_listener(l);
     return rc;
 }
@@ -238,13 +164,13 @@ static int echo_dialer(braid_conn *c, void *arg)
     if (!buf)
         return 2;
     for (size_t i = 0; i < NSIZES; i++) {
-        fill(buf, sizes[i], i);
-        if (send_blocking(c, buf, sizes[i]) != BRAID_OK)
+        tp_fill(buf, sizes[i], i);
+        if (tp_send(c, buf, sizes[i]) != BRAID_OK)
             return 3;
         memset(buf, 0, sizes[i]);
-        if (recv_blocking(c, buf, sizes[i]) != BRAID_OK)
+        if (tp_recv(c, buf, sizes[i]) != BRAID_OK)
             return 4;
-        if (!check_fill(buf, sizes[i], 1000 + i))
+        if (!tp_check_fill(buf, sizes[i], 1000 + i))
             return 5;
     }
     free(buf);
@@ -259,12 +185,12 @@ static int echo_acceptor(braid_conn *c, void *arg)
         return 2;
     for (size_t i = 0; i < NSIZES; i++) {
         memset(buf, 0xee, sizes[i]);
-        if (recv_blocking(c, buf, sizes[i]) != BRAID_OK)
+        if (tp_recv(c, buf, sizes[i]) != BRAID_OK)
             return 3;
-        if (!check_fill(buf, sizes[i], i))
+        if (!tp_check_fill(buf, sizes[i], i))
             return 4;
-        fill(buf, sizes[i], 1000 + i);
-        if (send_blocking(c, buf, sizes[i]) != BRAID_OK)
+        tp_fill(buf, sizes[i], 1000 + i);
+        if (tp_send(c, buf, sizes[i]) != BRAID_OK)
             return 5;
     }
     free(buf);
@@ -278,89 +204,11 @@ static void set_copy_mode(int i)
     setenv("BRAID_SHM_CMA", i ? "0" : "1", 1);
 }
 
-START_TEST(sizes_bit_exact)
+START_TEST(ring_edges)
 {
     int child;
     set_copy_mode(_i);
     ck_assert_int_eq(run_pair(echo_dialer, echo_acceptor, NULL, &child), 0);
-    ck_assert_int_eq(child, 0);
-}
-END_TEST
-
-/* Both sides send 24 MiB (six rings' worth) while receiving the same:
- * neither may wait for its send before draining its receive. */
-static int bidi_side(braid_conn *c, void *arg)
-{
-    (void)arg;
-    size_t len = 24 * MiB + 5;
-    uint8_t *out = malloc(len), *in = malloc(len);
-    if (!out || !in)
-        return 2;
-    int me = c->peer == 1 ? 0 : 1;
-    fill(out, len, 77 + (uint64_t)me);
-    braid_req r[2];
-    if (ops->isend(c, &r[0], out, len) != BRAID_OK || ops->irecv(c, &r[1], in, len) != BRAID_OK)
-        return 3;
-    if (wait_all(r, 2, 30000) != BRAID_OK)
-        return 4;
-    int ok = check_fill(in, len, 77 + (uint64_t)(1 - me));
-    free(out);
-    free(in);
-    return ok ? 0 : 5;
-}
-
-START_TEST(bidirectional)
-{
-    int child;
-    set_copy_mode(_i);
-    ck_assert_int_eq(run_pair(bidi_side, bidi_side, NULL, &child), 0);
-    ck_assert_int_eq(child, 0);
-}
-END_TEST
-
-/* 300 messages of mixed sizes posted at once each way: they complete in
- * posting order with the right contents. */
-#define NOUT 300
-static size_t out_len(int i)
-{
-    return (size_t)((i * 7919) % 50000) + (i % 17 == 0 ? 300000 : 0);
-}
-
-static int many_side(braid_conn *c, void *arg)
-{
-    (void)arg;
-    int me = c->peer == 1 ? 0 : 1;
-    static braid_req reqs[2 * NOUT];
-    uint8_t **bufs = calloc(2 * NOUT, sizeof(*bufs));
-    if (!bufs)
-        return 2;
-    for (int i = 0; i < NOUT; i++) {
-        bufs[i] = malloc(out_len(i) + 1);
-        bufs[NOUT + i] = malloc(out_len(i) + 1);
-        if (!bufs[i] || !bufs[NOUT + i])
-            return 2;
-        fill(bufs[i], out_len(i), (uint64_t)(me * 100000 + i));
-        if (ops->isend(c, &reqs[i], bufs[i], out_len(i)) != BRAID_OK)
-            return 3;
-        if (ops->irecv(c, &reqs[NOUT + i], bufs[NOUT + i], out_len(i)) != BRAID_OK)
-            return 3;
-    }
-    if (wait_all(reqs, 2 * NOUT, 30000) != BRAID_OK)
-        return 4;
-    for (int i = 0; i < NOUT; i++)
-        if (!check_fill(bufs[NOUT + i], out_len(i), (uint64_t)((1 - me) * 100000 + i)))
-            return 5;
-    for (int i = 0; i < 2 * NOUT; i++)
-        free(bufs[i]);
-    free(bufs);
-    return 0;
-}
-
-START_TEST(many_outstanding)
-{
-    int child;
-    set_copy_mode(_i);
-    ck_assert_int_eq(run_pair(many_side, many_side, NULL, &child), 0);
     ck_assert_int_eq(child, 0);
 }
 END_TEST
@@ -380,12 +228,12 @@ static int rewind_side(braid_conn *c, void *arg)
     for (int i = 0; i < NREWIND; i++) {
         size_t len = rewind_sizes[i % (sizeof(rewind_sizes) / sizeof(rewind_sizes[0]))];
         braid_req reqs[3];
-        fill(out, len, (uint64_t)(me * 1000 + i));
-        fill(out + 200000, 40, (uint64_t)(me * 1000 + i + 7)); /* a second message right behind */
+        tp_fill(out, len, (uint64_t)(me * 1000 + i));
+        tp_fill(out + 200000, 40, (uint64_t)(me * 1000 + i + 7)); /* a second message right behind */
         if (ops->isend(c, &reqs[0], out, len) != BRAID_OK || ops->isend(c, &reqs[1], out + 200000, 40) != BRAID_OK ||
-            ops->irecv(c, &reqs[2], in, len) != BRAID_OK || wait_all(reqs + 2, 1, 30000) != BRAID_OK ||
-            !check_fill(in, len, (uint64_t)((1 - me) * 1000 + i)) || ops->irecv(c, &reqs[2], in, 40) != BRAID_OK ||
-            wait_all(reqs, 3, 30000) != BRAID_OK || !check_fill(in, 40, (uint64_t)((1 - me) * 1000 + i + 7)))
+            ops->irecv(c, &reqs[2], in, len) != BRAID_OK || tp_wait_all(reqs + 2, 1, 30000) != BRAID_OK ||
+            !tp_check_fill(in, len, (uint64_t)((1 - me) * 1000 + i)) || ops->irecv(c, &reqs[2], in, 40) != BRAID_OK ||
+            tp_wait_all(reqs, 3, 30000) != BRAID_OK || !tp_check_fill(in, 40, (uint64_t)((1 - me) * 1000 + i + 7)))
             return 3;
     }
     free(out);
@@ -398,40 +246,6 @@ START_TEST(ring_rewinds)
     int child;
     set_copy_mode(_i);
     ck_assert_int_eq(run_pair(rewind_side, rewind_side, NULL, &child), 0);
-    ck_assert_int_eq(child, 0);
-}
-END_TEST
-
-/* A receive posted for 200 bytes meets a 100-byte message. */
-static int mismatch_dialer(braid_conn *c, void *arg)
-{
-    (void)arg;
-    uint8_t buf[100] = {0};
-    if (send_blocking(c, buf, sizeof(buf)) != BRAID_OK)
-        return 3;
-    uint8_t ack;
-    recv_blocking(c, &ack, 1); /* fails when the acceptor closes: fine */
-    return 0;
-}
-
-static int mismatch_acceptor(braid_conn *c, void *arg)
-{
-    (void)arg;
-    uint8_t buf[200];
-    braid_status st = recv_blocking(c, buf, sizeof(buf));
-    if (st != BRAID_ERR_MISMATCH)
-        return 3;
-    if (!strstr(braid_last_error(), "100 bytes"))
-        return 4;
-    /* Sticky: later calls report it too. */
-    braid_req r;
-    return ops->irecv(c, &r, buf, 1) == BRAID_ERR_MISMATCH ? 0 : 5;
-}
-
-START_TEST(length_mismatch)
-{
-    int child;
-    ck_assert_int_eq(run_pair(mismatch_dialer, mismatch_acceptor, NULL, &child), 0);
     ck_assert_int_eq(child, 0);
 }
 END_TEST
@@ -500,7 +314,7 @@ static int expect_peer_error(braid_conn *c, void *arg)
             return 3;
     }
     int64_t t0 = braid__now_ms();
-    braid_status st = wait_all(r, 2, 20000);
+    braid_status st = tp_wait_all(r, 2, 20000);
     int64_t took = braid__now_ms() - t0;
     free(buf);
     if (st != BRAID_ERR_PEER) {
@@ -553,12 +367,12 @@ static int free_mid_send(braid_conn *c, void *arg)
     freed_arg *a = arg;
     uint8_t one = 1;
     /* One byte each way: both sides have tried single-copy reads. */
-    if (send_blocking(c, &one, 1) != BRAID_OK || recv_blocking(c, &one, 1) != BRAID_OK)
+    if (tp_send(c, &one, 1) != BRAID_OK || tp_recv(c, &one, 1) != BRAID_OK)
         return 3;
     uint8_t *buf = mmap(NULL, FREED_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (buf == MAP_FAILED)
         return 2;
-    fill(buf, FREED_BYTES, 9);
+    tp_fill(buf, FREED_BYTES, 9);
     braid_req r;
     if (ops->isend(c, &r, buf, FREED_BYTES) != BRAID_OK)
         return 4;
@@ -578,7 +392,7 @@ static int read_freed(braid_conn *c, void *arg)
 {
     freed_arg *a = arg;
     uint8_t one = 1;
-    if (recv_blocking(c, &one, 1) != BRAID_OK || send_blocking(c, &one, 1) != BRAID_OK)
+    if (tp_recv(c, &one, 1) != BRAID_OK || tp_send(c, &one, 1) != BRAID_OK)
         return 3;
     if (wait_byte(a->freed[0]) != 0)
         return 4;
@@ -588,7 +402,7 @@ static int read_freed(braid_conn *c, void *arg)
     braid_req r;
     braid_status st = ops->irecv(c, &r, buf, FREED_BYTES);
     if (st == BRAID_OK)
-        st = wait_all(&r, 1, 20000);
+        st = tp_wait_all(&r, 1, 20000);
     free(buf);
     int rc = 0;
     braid_status want = a->close_first ? BRAID_ERR_PEER : BRAID_ERR_SYSTEM;
@@ -632,10 +446,10 @@ static int small_echo(braid_conn *c, void *arg)
 {
     (void)arg;
     uint8_t b[64];
-    fill(b, sizeof(b), 5);
+    tp_fill(b, sizeof(b), 5);
     if (c->peer == 1)
-        return send_blocking(c, b, sizeof(b)) == BRAID_OK && recv_blocking(c, b, sizeof(b)) == BRAID_OK ? 0 : 3;
-    return recv_blocking(c, b, sizeof(b)) == BRAID_OK && send_blocking(c, b, sizeof(b)) == BRAID_OK ? 0 : 3;
+        return tp_send(c, b, sizeof(b)) == BRAID_OK && tp_recv(c, b, sizeof(b)) == BRAID_OK ? 0 : 3;
+    return tp_recv(c, b, sizeof(b)) == BRAID_OK && tp_send(c, b, sizeof(b)) == BRAID_OK ? 0 : 3;
 }
 
 START_TEST(no_leaks)
@@ -839,7 +653,7 @@ START_TEST(group_mixed_transports)
     if (braid__unique_id_decode(&id, &rv) == BRAID_OK)
         braid__prebound_release(rv.port);
     for (int r = 0; r < n; r++)
-        ck_assert_msg(wait_child(pids[r], 180) == 0, "rank %d failed", r);
+        ck_assert_msg(tp_wait_child(pids[r], 180) == 0, "rank %d failed", r);
 }
 END_TEST
 
@@ -849,11 +663,8 @@ static Suite *shm_suite(void)
     TCase *data = tcase_create("data");
     tcase_set_timeout(data, 120);
     tcase_add_test(data, probe_ok);
-    tcase_add_loop_test(data, sizes_bit_exact, 0, 2);
-    tcase_add_loop_test(data, bidirectional, 0, 2);
-    tcase_add_loop_test(data, many_outstanding, 0, 2);
+    tcase_add_loop_test(data, ring_edges, 0, 2);
     tcase_add_loop_test(data, ring_rewinds, 0, 2);
-    tcase_add_test(data, length_mismatch);
     tcase_add_test(data, wrong_secret);
     tcase_add_test(data, no_leaks);
     suite_add_tcase(s, data);
@@ -878,6 +689,7 @@ int main(void)
         printf("skipped: shared-memory transport unusable here: %s\n", why);
         return 77;
     }
+    tp.ops = ops; /* the shared helpers (transport_pair.h) drive shm */
     SRunner *sr = srunner_create(shm_suite());
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
