@@ -155,7 +155,7 @@ size_t braid__rd_max_bytes(int n);
 braid_status braid__algo_coll_run(const braid_algo_ctx *ctx, braid_coll *coll);
 
 /* The tuner's cost model: microseconds a call of this kind is expected to
- * take on pg's group size (estimate.c). bytes: the message for all-reduce,
+ * take on pg's group size (dispatch.c). bytes: the message for all-reduce,
  * broadcast, reduce and send/receive; one rank's block for the others. */
 double braid__estimate_us(const braid_pg *pg, braid_coll_kind kind, size_t bytes);
 

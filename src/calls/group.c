@@ -142,9 +142,9 @@ int braid__group_open_here(braid_pg *pg)
 
 uint64_t braid__coll_seqs(const braid_coll *coll)
 {
-    if (coll->kind == BRAID_COLL_SEND || coll->kind == BRAID_COLL_RECV || coll->kind == BRAID_COLL_ALLTOALL ||
-        coll->kind == BRAID_COLL_GATHER || coll->kind == BRAID_COLL_SCATTER)
-        return 0; /* the last three: a refusal of a group of sends and receives */
+    const braid_kind_traits *t = braid__kind(coll->kind);
+    if (t->p2p || t->exchange)
+        return 0; /* an exchange kind here is a refusal of a group of sends and receives */
     if (coll->kind != BRAID_COLL_GROUP)
         return 1;
     uint64_t n = 0;
