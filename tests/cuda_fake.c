@@ -25,6 +25,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -216,17 +217,67 @@ static void handle_put(char out[64], int fd, size_t size)
     memcpy(out, &h, sizeof(h));
 }
 
-/* Device memory (cudaMalloc) keeps, past its n bytes, a count of the other
- * processes that mapped it through an IPC handle and have not closed it:
- * CUDA leaves a cudaFree of such memory undefined, the stand-in aborts. */
+/* Device memory (cudaMalloc) keeps, past its n bytes, the pids of the
+ * other processes that mapped it through an IPC handle and have not closed
+ * it, one slot per open: CUDA leaves a cudaFree of such memory undefined
+ * while they live, and the stand-in aborts. A process that died has lost
+ * its mappings, as with CUDA, and no longer counts. */
+#define IMPORTER_SLOTS 16
 static size_t with_count(size_t n)
 {
-    return (n + 63) / 64 * 64 + 64;
+    return (n + 63) / 64 * 64 + IMPORTER_SLOTS * sizeof(int);
 }
 
 static _Atomic int *importers(char *m, size_t n)
 {
     return (_Atomic int *)(m + (n + 63) / 64 * 64);
+}
+
+static void importer_add(char *m, size_t n)
+{
+    _Atomic int *slot = importers(m, n);
+    for (int i = 0; i < IMPORTER_SLOTS; i++) {
+        int free_slot = 0;
+        if (atomic_compare_exchange_strong(&slot[i], &free_slot, (int)getpid()))
+            return;
+    }
+    fprintf(stderr, "cuda fake: more than %d open IPC mappings of one allocation\n", IMPORTER_SLOTS);
+    abort();
+}
+
+static void importer_remove(char *m, size_t n)
+{
+    _Atomic int *slot = importers(m, n);
+    for (int i = 0; i < IMPORTER_SLOTS; i++) {
+        int me = (int)getpid();
+        if (atomic_compare_exchange_strong(&slot[i], &me, 0))
+            return;
+    }
+}
+
+/* Live (not exited, not a zombie) processes holding a mapping. */
+static int importers_alive(char *m, size_t n)
+{
+    _Atomic int *slot = importers(m, n);
+    int alive = 0;
+    for (int i = 0; i < IMPORTER_SLOTS; i++) {
+        int pid = atomic_load(&slot[i]);
+        if (pid <= 0 || kill(pid, 0) != 0)
+            continue;
+        char path[64], stat[256] = "";
+        snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+        FILE *f = fopen(path, "r");
+        if (f) {
+            if (!fgets(stat, sizeof(stat), f))
+                stat[0] = '\0';
+            fclose(f);
+        }
+        const char *state = strrchr(stat, ')');
+        if (state && (state[2] == 'Z' || state[2] == 'X'))
+            continue;
+        alive++;
+    }
+    return alive;
 }
 
 /* Map another process's memfd named by a handle (device memory: with its
@@ -599,7 +650,7 @@ cudaError_t cudaMalloc(void **p, size_t n)
         return cudaErrorMemoryAllocation;
     }
     memset(m, 0xEE, len); /* device memory starts as garbage */
-    atomic_store(importers(m, len), 0);
+    memset((void *)importers(m, len), 0, IMPORTER_SLOTS * sizeof(int));
     alloc_add(m, len, fd, f);
     *p = m;
     return cudaSuccess;
@@ -619,7 +670,7 @@ cudaError_t cudaFree(void *p)
         alloc_add(f->p, f->n, f->fd, f);
         return cudaErrorInvalidValue;
     }
-    int mapped = atomic_load(importers(f->p, f->n));
+    int mapped = importers_alive(f->p, f->n);
     if (mapped) {
         fprintf(stderr, "cuda fake: cudaFree(%p) while %d other process(es) still map it (cudaIpcOpenMemHandle "
                         "without cudaIpcCloseMemHandle): their kernels may still read it\n", p, mapped);
@@ -671,7 +722,7 @@ cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned flags)
         free(f);
         return cudaErrorMapBufferObjectFailed;
     }
-    atomic_fetch_add(importers(m, n), 1);
+    importer_add(m, n);
     alloc_add(m, n, -1, f);
     *p = m;
     return cudaSuccess;
@@ -688,7 +739,7 @@ cudaError_t cudaIpcCloseMemHandle(void *p)
         alloc_add(f->p, f->n, f->fd, f);
         return cudaErrorInvalidValue;
     }
-    atomic_fetch_sub(importers(f->p, f->n), 1);
+    importer_remove(f->p, f->n);
     munmap(f->p, with_count(f->n));
     free(f);
     return cudaSuccess;
