@@ -362,6 +362,99 @@ static void set_job_env(const char *key_file)
     setenv("BRAID_KEY_FILE", key_file, 1);
 }
 
+/* The job's start with key_file: it must fail, naming why, within a second,
+ * and never fall back to the public secret. */
+static void expect_refused_start(const char *key_file, const char *why)
+{
+    set_job_env(key_file);
+    braid_rendezvous rv;
+    int rank, size;
+    int64_t t0 = braid__now_ms();
+    braid_status st = braid__env_rendezvous(&rank, &size, &rv);
+    int64_t took = braid__now_ms() - t0;
+    ck_assert_msg(st == BRAID_ERR_AUTH, "%s: start gave %s (%s), want BRAID_ERR_AUTH", key_file,
+                  braid_status_string(st), braid_last_error());
+    ck_assert_msg(strstr(braid_last_error(), "refusing the key file") && strstr(braid_last_error(), why),
+                  "message \"%s\" lacks \"%s\"", braid_last_error(), why);
+    ck_assert_msg(took < 1000, "refusing took %lld ms", (long long)took);
+}
+
+/* A FIFO at the key's path (a shared directory, HOME=/tmp): refused at
+ * once, never a wait for a writer, even with BRAID_JOB_SECRET unset. */
+START_TEST(key_file_fifo)
+{
+    make_tmpdir();
+    char path[128];
+    snprintf(path, sizeof(path), "%s/job.key", tmpdir);
+    ck_assert_int_eq(mkfifo(path, 0600), 0);
+    uint8_t key[32];
+    ck_assert_int_eq(braid__key_load(path, key), BRAID_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(braid_last_error(), "not a regular file"));
+    expect_refused_start(path, "not a regular file");
+    remove_tree(tmpdir);
+}
+END_TEST
+
+/* Directories above the key that others may write (no sticky bit) or
+ * that another user owns: refused, so nobody can plant a key or a
+ * directory of theirs on the path. */
+START_TEST(key_file_unsafe_parents)
+{
+    make_tmpdir();
+    char dir[128], path[160];
+    uint8_t key[32];
+    snprintf(dir, sizeof(dir), "%s/shared", tmpdir);
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    ck_assert_int_eq(chmod(dir, 0777), 0);
+    snprintf(path, sizeof(path), "%s/.config/braid/job.key", dir);
+    ck_assert_int_eq(braid__key_load(path, key), BRAID_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(braid_last_error(), "other users may replace"));
+    expect_refused_start(path, "mode 0777");
+    /* Sticky, as /tmp is: others may add entries but not replace ours. */
+    ck_assert_int_eq(chmod(dir, 01777), 0);
+    ck_assert_int_eq(braid__key_load(path, key), BRAID_OK);
+    if (geteuid() == 0) {
+        /* ~/.config made first by another user (HOME in a shared place). */
+        char theirs[160], planted[200];
+        snprintf(theirs, sizeof(theirs), "%s/other", dir);
+        ck_assert_int_eq(mkdir(theirs, 0700), 0);
+        ck_assert_int_eq(chown(theirs, STRANGER_UID, STRANGER_UID), 0);
+        snprintf(planted, sizeof(planted), "%s/braid/job.key", theirs);
+        ck_assert_int_eq(braid__key_load(planted, key), BRAID_ERR_INVALID_ARG);
+        ck_assert_ptr_nonnull(strstr(braid_last_error(), "owned by uid 54321"));
+        expect_refused_start(planted, "owned by uid 54321");
+    } else {
+        fprintf(stderr, "key_file_unsafe_parents: other-owner case skipped: not root, cannot chown\n");
+    }
+    remove_tree(tmpdir);
+}
+END_TEST
+
+/* A key file another user planted at the path is an error at start, not a
+ * silent fall back to the public secret (which that user could compute). */
+START_TEST(key_file_planted_fails_start)
+{
+    if (geteuid() != 0) {
+        fprintf(stderr, "key_file_planted_fails_start skipped: needs root to plant another uid's file\n");
+        return;
+    }
+    make_tmpdir();
+    char path[128];
+    snprintf(path, sizeof(path), "%s/job.key", tmpdir);
+    uint8_t key[32];
+    ck_assert_int_eq(braid__key_load(path, key), BRAID_OK);
+    ck_assert_int_eq(chown(path, STRANGER_UID, STRANGER_UID), 0);
+    expect_refused_start(path, "owned by uid 54321");
+    /* The explicit way out still works. */
+    setenv("BRAID_KEY_FILE", "none", 1);
+    braid_rendezvous rv;
+    int rank, size;
+    ck_assert_int_eq(braid__env_rendezvous(&rank, &size, &rv), BRAID_OK);
+    ck_assert_int_eq(rv.secret_source, BRAID_SECRET_PUBLIC);
+    remove_tree(tmpdir);
+}
+END_TEST
+
 /* The attack of issue 20: another user finds the store, computes the secret
  * from the launch variables and joins. With the key file it cannot: the
  * key is unreadable to it, and the public secret fails the handshake. */
@@ -533,6 +626,9 @@ int main(void)
     tcase_set_timeout(key, 60);
     tcase_add_test(key, key_file_private_and_shared);
     tcase_add_test(key, key_file_refused);
+    tcase_add_test(key, key_file_fifo);
+    tcase_add_test(key, key_file_unsafe_parents);
+    tcase_add_test(key, key_file_planted_fails_start);
     tcase_add_test(key, other_uid_cannot_join_store);
     suite_add_tcase(s, key);
     TCase *shm = tcase_create("shm");

@@ -139,6 +139,46 @@ static braid_status key_read_fd(int fd, const char *path, uint8_t key[KEY_BYTES]
     return BRAID_OK;
 }
 
+/* Every directory above path that exists must be this user's or root's,
+ * and writable by no one else (a sticky one, like /tmp, excepted: others
+ * may add entries there but not replace ours). Else another user could
+ * put a file of theirs, or a directory they own, where braid looks for
+ * the key. */
+static braid_status check_parents(const char *path)
+{
+    char dir[4096];
+    if (snprintf(dir, sizeof(dir), "%s", path) >= (int)sizeof(dir))
+        return braid__error(BRAID_ERR_INVALID_ARG, "%s: path too long", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash)
+        return BRAID_OK; /* relative to the working directory: checked as "." */
+    for (char *p = slash;; p = strrchr(dir, '/')) {
+        if (p == dir)
+            p[1] = '\0'; /* "/" itself */
+        else
+            *p = '\0';
+        struct stat st;
+        if (stat(dir, &st) == 0) {
+            int others_write = (st.st_mode & 002) || ((st.st_mode & 020) && st.st_gid != getegid());
+            if (!S_ISDIR(st.st_mode))
+                return braid__error(BRAID_ERR_INVALID_ARG, "%s, above the key file %s, is not a directory", dir,
+                                    path);
+            if (st.st_uid != geteuid() && st.st_uid != 0)
+                return braid__error(BRAID_ERR_INVALID_ARG,
+                                    "%s, above the key file %s, is owned by uid %u, not by this user (uid %u) or root",
+                                    dir, path, (unsigned)st.st_uid, (unsigned)geteuid());
+            if (others_write && !(st.st_mode & S_ISVTX))
+                return braid__error(BRAID_ERR_INVALID_ARG,
+                                    "%s, above the key file %s, has mode %04o: other users may replace what is in it",
+                                    dir, path, (unsigned)(st.st_mode & 07777));
+        } else if (errno != ENOENT) {
+            return braid__error(BRAID_ERR_INVALID_ARG, "%s, above the key file %s: %m", dir, path);
+        }
+        if (p == dir)
+            return BRAID_OK;
+    }
+}
+
 /* mkdir -p for the directories above path, mode 0700 for those made here. */
 static braid_status make_parents(const char *path)
 {
@@ -194,10 +234,19 @@ static braid_status key_create(const char *path, uint8_t key[KEY_BYTES])
     return st;
 }
 
+/* Open the key file for reading without ever blocking: O_NONBLOCK, so a
+ * FIFO at the path fails the regular-file check instead of waiting for a
+ * writer. */
+static int key_open(const char *path)
+{
+    return open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+}
+
 braid_status braid__key_load(const char *path, uint8_t key[KEY_BYTES])
 {
+    BRAID_CHECK(check_parents(path));
     for (int attempt = 0; attempt < 2; attempt++) {
-        int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        int fd = key_open(path);
         if (fd >= 0) {
             braid_status st = key_read_fd(fd, path, key);
             close(fd);
@@ -205,9 +254,14 @@ braid_status braid__key_load(const char *path, uint8_t key[KEY_BYTES])
         }
         if (errno == ELOOP)
             return braid__error(BRAID_ERR_INVALID_ARG, "%s is a symbolic link: refused", path);
-        if (errno != ENOENT)
-            return braid__error(BRAID_ERR_SYSTEM, "cannot open %s: %m", path);
+        if (errno != ENOENT) /* there, but not for us to read: someone else's */
+            return braid__error(BRAID_ERR_INVALID_ARG, "cannot open %s: %m", path);
         braid_status st = key_create(path, key);
+        /* A directory another user made between the check and the
+         * creation fails the creation: that is a refusal, not a key that
+         * cannot be made. */
+        if (st != BRAID_OK && st != BRAID_ERR_AUTH)
+            BRAID_CHECK(check_parents(path));
         if (st != BRAID_ERR_AUTH)
             return st;
     }
@@ -227,7 +281,11 @@ int braid__claim_key(const uint8_t *key, uint8_t out[BRAID_SECRET_BYTES])
             braid__error_clear();
             return 0;
         }
-        int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        if (check_parents(path) != BRAID_OK) {
+            braid__error_clear();
+            return 0;
+        }
+        int fd = key_open(path);
         if (fd < 0)
             return 0;
         braid_status st = key_read_fd(fd, path, own);
@@ -271,7 +329,8 @@ braid_status braid__job_secret_env(int rank, braid_rendezvous *rv)
     } else {
         st = braid__key_file_path(path, sizeof(path));
         uint8_t key[KEY_BYTES];
-        if (st == BRAID_OK)
+        int have_path = st == BRAID_OK;
+        if (have_path)
             st = braid__key_load(path, key);
         if (st == BRAID_OK) {
             public_text("braid-job-secret-v2", rv, text, sizeof(text));
@@ -287,6 +346,16 @@ braid_status braid__job_secret_env(int rank, braid_rendezvous *rv)
             }
             st = braid__error_quiet(BRAID_ERR_SYSTEM, "HMAC-SHA256 failed in libcrypto");
         }
+        /* A key file that is there but refused (another user's, a link, a
+         * FIFO, unsafe directories above it) may be planted to push the
+         * job onto the public secret: fail instead. Only a key that cannot
+         * be made at all falls back. */
+        if (have_path && st == BRAID_ERR_INVALID_ARG)
+            return braid__error(BRAID_ERR_AUTH,
+                                "rank %d: refusing the key file: %s. Remove or fix it, point BRAID_KEY_FILE at a file of "
+                                "your own, or set BRAID_JOB_SECRET (or BRAID_KEY_FILE=none to accept a secret from "
+                                "public values)",
+                                rank, braid__error_detail());
     }
     /* The cause without its status name, to quote. */
     snprintf(why, sizeof(why), "%s", braid__error_detail());
