@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "bootstrap/bootstrap.h"
 #include "braid.h"
@@ -127,6 +129,60 @@ START_TEST(test_booleans_and_choices)
     parse_ok("BRAID_DEBUG", "info");
     parse_bad("BRAID_ALGO", "fast", "not one of auto|ring|rd|recursive_doubling|hier|hierarchical");
     parse_bad("BRAID_DEBUG", "LOUD", "not one of");
+
+    /* BRAID_TRANSPORT: every entry a transport braid has. */
+    parse_ok("BRAID_TRANSPORT", "tcp");
+    parse_ok("BRAID_TRANSPORT", "shm,tcp");
+    parse_ok("BRAID_TRANSPORT", "verbs,TCP,cuda_ipc");
+    parse_bad("BRAID_TRANSPORT", "tcp,tpc", "unknown entry 'tpc' (each one of tcp|shm|verbs|cuda_ipc)");
+    parse_bad("BRAID_TRANSPORT", "infiniband", "unknown entry 'infiniband'");
+}
+END_TEST
+
+static void clear_env(void);
+
+/* Misspelt variables are named with the nearest known one; BRAID_* names
+ * braid's tools read are not "unknown". */
+START_TEST(test_unknown_variables_warn)
+{
+    ck_assert_str_eq(braid__param_nearest("BRAID_TIMEOUT"), "BRAID_TIMEOUT_MS");
+    ck_assert_str_eq(braid__param_nearest("BRAID_NSOCK"), "BRAID_NSOCKS");
+    ck_assert_str_eq(braid__param_nearest("BRAID_CHEKSUM"), "BRAID_CHECKSUM");
+    ck_assert_ptr_null(braid__param_nearest("BRAID_SOMETHING_ELSE_ENTIRELY"));
+
+    char log[] = "/tmp/braid-params-log.XXXXXX";
+    int fd = mkstemp(log);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) { /* a fresh process: the warning comes once per process, at its first check */
+        clear_env();
+        setenv("BRAID_DEBUG", "WARN", 1);
+        setenv("BRAID_DEBUG_FILE", log, 1);
+        setenv("BRAID_TIMEOUT", "5000", 1);
+        setenv("BRAID_NSOCK", "4", 1);
+        setenv("BRAID_LIBRARY", "/opt/libbraid.so", 1);
+        braid_status first = braid__params_check(0), second = braid__params_check(0);
+        _exit(first == BRAID_OK && second == BRAID_OK ? 0 : 1);
+    }
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "unknown variables failed the check");
+    FILE *f = fopen(log, "r");
+    ck_assert_ptr_nonnull(f);
+    char text[4096] = "";
+    size_t n = fread(text, 1, sizeof(text) - 1, f);
+    text[n] = '\0';
+    fclose(f);
+    unlink(log);
+    ck_assert_msg(strstr(text, "BRAID_TIMEOUT is not a braid variable: ignored (did you mean BRAID_TIMEOUT_MS?)"),
+                  "log: %s", text);
+    ck_assert_msg(strstr(text, "BRAID_NSOCK is not a braid variable: ignored (did you mean BRAID_NSOCKS?)"), "log: %s",
+                  text);
+    ck_assert_msg(!strstr(text, "BRAID_LIBRARY"), "a tool's variable was called unknown: %s", text);
+    const char *second = strstr(text, "BRAID_NSOCK is not");
+    ck_assert_msg(second && !strstr(second + 1, "BRAID_NSOCK is not"), "warned twice: %s", text);
 }
 END_TEST
 
@@ -145,12 +201,13 @@ START_TEST(test_bad_env_fails_init)
     setenv("BRAID_TIMEOUT_MS", "02x", 1);
     setenv("BRAID_CHECKSUM", "maybe", 1);
     setenv("BRAID_IB_SLOTS", "1000", 1);
+    setenv("BRAID_TRANSPORT", "tcp,tpc", 1);
     setenv("BRAID_TEST_CORRUPT_CHUNK", "x", 1); /* test hooks are not checked up front */
     ck_assert_int_eq(braid__params_check(0), BRAID_ERR_INVALID_ARG);
     const char *e = braid_last_error();
-    ck_assert_msg(strstr(e, "3 invalid environment variables") && strstr(e, "BRAID_TIMEOUT_MS=02x") &&
+    ck_assert_msg(strstr(e, "4 invalid environment variables") && strstr(e, "BRAID_TIMEOUT_MS=02x") &&
                       strstr(e, "BRAID_CHECKSUM=maybe") && strstr(e, "BRAID_IB_SLOTS=1000") &&
-                      !strstr(e, "BRAID_TEST_CORRUPT_CHUNK"),
+                      strstr(e, "BRAID_TRANSPORT=tcp,tpc: unknown entry 'tpc'") && !strstr(e, "BRAID_TEST_CORRUPT_CHUNK"),
                   "error text: %s", e);
 
     braid_unique_id_t id;
@@ -161,6 +218,13 @@ START_TEST(test_bad_env_fails_init)
     ck_assert_ptr_null(pg);
     clear_env();
     ck_assert_int_eq(braid__params_check(1), BRAID_OK);
+
+    /* A config's transport list is held to the same names. */
+    braid_config cfg = BRAID_CONFIG_INIT;
+    cfg.transports = "tcp,tpc";
+    ck_assert_int_eq(braid_pg_init(&pg, 0, 1, &id, &cfg), BRAID_ERR_INVALID_ARG);
+    ck_assert_msg(strstr(braid_last_error(), "unknown entry 'tpc'"), "error text: %s", braid_last_error());
+    ck_assert_ptr_null(pg);
 }
 END_TEST
 
@@ -277,8 +341,10 @@ static int looks_like_env(const char *lit, size_t n)
 /* Names that look like variables but are not read from the environment. */
 static int known_not_env(const char *name)
 {
-    /* status names (status.c) */
-    return !strcmp(name, "BRAID_OK") || !strncmp(name, "BRAID_ERR_", strlen("BRAID_ERR_"));
+    /* status names (status.c), and the variables of braid's tools that the
+     * library names only to leave them out of its unknown-variable warning */
+    return !strcmp(name, "BRAID_OK") || !strncmp(name, "BRAID_ERR_", strlen("BRAID_ERR_")) ||
+           braid__param_tool_name(name);
 }
 
 static void check_name(scan_state *s, const char *file, const char *name, const char *how)
@@ -413,6 +479,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_sizes);
     tcase_add_test(tc, test_booleans_and_choices);
     tcase_add_test(tc, test_bad_env_fails_init);
+    tcase_add_test(tc, test_unknown_variables_warn);
     tcase_add_test(tc, test_rank_limit_everywhere);
     tcase_add_test(tc, test_config_doc_matches);
     tcase_add_test(tc, test_scanner_catches);

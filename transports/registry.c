@@ -261,7 +261,7 @@ braid_status braid__transport_select(const char *want, int rank, const braid_tra
             size_t len = strcspn(p, ",");
             t = by_name(p, len);
             if (!t && len)
-                BRAID_WARN("rank %d: unknown transport '%.*s' in BRAID_TRANSPORT", rank, (int)len, p);
+                BRAID_INFO("rank %d: transport '%.*s' is not built into this braid: skipped", rank, (int)len, p);
             p += len;
             if (*p == ',')
                 p++;

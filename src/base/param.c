@@ -19,6 +19,7 @@
 #define INT(name, sec, lo, hi, def, help) {name, BRAID_PARAM_INT, sec, lo, hi, NULL, def, help}
 #define SIZE(name, sec, lo, hi, def, help) {name, BRAID_PARAM_SIZE, sec, lo, hi, NULL, def, help}
 #define BOOL(name, sec, def, help) {name, BRAID_PARAM_BOOL, sec, 0, 1, NULL, def, help}
+#define LIST(name, sec, choices, def, help) {name, BRAID_PARAM_LIST, sec, 0, 0, choices, def, help}
 
 #define CORE BRAID_PARAM_CORE
 #define VERBS BRAID_PARAM_VERBS
@@ -39,7 +40,7 @@ const braid_param_info braid__params[] = {
         "30 min is torch's default process-group timeout (`default_pg_timeout`, which its rendezvous waits too; "
         "NCCL process groups default to 10 min). Meanwhile rank 0 logs the missing ranks (WARN, every 10 s); then "
         "every rank fails naming them"),
-    STR("BRAID_TRANSPORT", CORE, NULL,
+    LIST("BRAID_TRANSPORT", CORE, "tcp|shm|verbs|cuda_ipc", NULL,
         "comma-separated transports in order of preference, e.g. `tcp` or `verbs,tcp`; `shm` next to others "
         "serves same-host peers, alone every peer; `cuda_ipc` next to others allows device links (on by default "
         "in CUDA builds; a list without it turns them off), alone every peer. Unset: shm for same-host peers, "
@@ -191,6 +192,29 @@ static int word_in(const char *word, const char *list, long long *index)
     return 0;
 }
 
+/* Every comma-separated entry of text one of choices (empty entries are
+ * skipped): 1, else 0 with why said. */
+static int list_in(const char *text, const char *choices, char *why, size_t cap)
+{
+    for (const char *p = text; *p;) {
+        size_t len = strcspn(p, ",");
+        char word[64];
+        long long index;
+        int ok = len < sizeof(word);
+        if (ok && len) {
+            memcpy(word, p, len);
+            word[len] = '\0';
+            ok = word_in(word, choices, &index);
+        }
+        if (!ok) {
+            snprintf(why, cap, "unknown entry '%.*s' (each one of %s)", (int)(len < 40 ? len : 40), p, choices);
+            return 0;
+        }
+        p += len + (p[len] == ',');
+    }
+    return 1;
+}
+
 /* Parse text as p's value: 1 with *out set, else 0 with why said. */
 static int parse_value(const braid_param_info *p, const char *text, long long *out, char *why, size_t cap)
 {
@@ -198,6 +222,9 @@ static int parse_value(const braid_param_info *p, const char *text, long long *o
     case BRAID_PARAM_STR:
         *out = 0;
         return 1;
+    case BRAID_PARAM_LIST:
+        *out = 0;
+        return list_in(text, p->choices, why, cap);
     case BRAID_PARAM_CHOICE:
         if (word_in(text, p->choices, out))
             return 1;
@@ -263,8 +290,90 @@ braid_status braid__param_parse(const braid_param_info *p, const char *text, lon
     return braid__error_quiet(BRAID_ERR_INVALID_ARG, "%s=%s: %s", p->name, text, why);
 }
 
+/* Levenshtein distance of two short names. */
+static size_t edits(const char *a, const char *b)
+{
+    size_t n = strlen(b), row[80];
+    if (n >= sizeof(row) / sizeof(row[0]) || strlen(a) >= sizeof(row) / sizeof(row[0]))
+        return (size_t)-1;
+    for (size_t j = 0; j <= n; j++)
+        row[j] = j;
+    for (size_t i = 1; a[i - 1]; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= n; j++) {
+            size_t up = row[j];
+            size_t best = diag + (a[i - 1] != b[j - 1]);
+            if (row[j] + 1 < best)
+                best = row[j] + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[n];
+}
+
+const char *braid__param_nearest(const char *name)
+{
+    const char *best = NULL;
+    size_t best_d = 4; /* more edits than this is no misspelling */
+    for (size_t i = 0; i < braid__param_count; i++) {
+        const char *known = braid__params[i].name;
+        size_t d = edits(name, known);
+        /* A missing suffix (BRAID_TIMEOUT for BRAID_TIMEOUT_MS) counts as one edit. */
+        if (strncmp(known, name, strlen(name)) == 0 && strlen(name) >= 8)
+            d = 1;
+        if (d < best_d) {
+            best_d = d;
+            best = known;
+        }
+    }
+    return best;
+}
+
+/* BRAID_* names that braid's tools read, not the library: the Python
+ * package (BRAID_LIBRARY), the benchmark scripts and the test suites. */
+static const char *const tool_names[] = {"BRAID_LIBRARY",      "BRAID_PYTHONPATH", "BRAID_BENCH",
+                                         "BRAID_BENCH_VERBOSE", "BRAID_ANCHORS",    "BRAID_FAULT_SEED",
+                                         "BRAID_FAULT_TRIALS",  "BRAID_NETNS_SEED", "BRAID_TEST_TSAN"};
+
+int braid__param_tool_name(const char *name)
+{
+    for (size_t i = 0; i < sizeof(tool_names) / sizeof(tool_names[0]); i++)
+        if (strcmp(tool_names[i], name) == 0)
+            return 1;
+    return 0;
+}
+
+/* One WARN per BRAID_* variable braid does not read, once per process:
+ * a misspelt knob would otherwise be dropped without a word. */
+static void warn_unknown(void)
+{
+    static atomic_int warned;
+    extern char **environ;
+    if (atomic_exchange(&warned, 1) || !environ)
+        return;
+    for (char **e = environ; *e; e++) {
+        const char *eq = strchr(*e, '=');
+        char name[80];
+        size_t len = eq ? (size_t)(eq - *e) : strlen(*e);
+        if (strncmp(*e, "BRAID_", 6) != 0 || len >= sizeof(name))
+            continue;
+        memcpy(name, *e, len);
+        name[len] = '\0';
+        if (braid__param_find(name) || braid__param_tool_name(name))
+            continue;
+        const char *near = braid__param_nearest(name);
+        BRAID_WARN("%s is not a braid variable: ignored%s%s%s (docs/CONFIG.md lists them)", name,
+                   near ? " (did you mean " : "", near ? near : "", near ? "?)" : "");
+    }
+}
+
 braid_status braid__params_check(int launcher)
 {
+    warn_unknown();
     char text[1024] = "";
     size_t len = 0;
     int nbad = 0;

@@ -8,7 +8,8 @@
  * leading zero is not octal, "0x" is not hex), optionally negative, with
  * an overflow check; sizes also take a K, M or G suffix (checked for
  * overflow too); booleans are 1/0, yes/no, true/false, on/off (any case);
- * choices are one of a listed set of words (any case). */
+ * choices are one of a listed set of words (any case), and so is each
+ * entry of a list. */
 #ifndef BRAID_PARAM_H
 #define BRAID_PARAM_H
 
@@ -27,6 +28,7 @@ typedef enum {
     BRAID_PARAM_INT,    /* decimal integer in [min, max] */
     BRAID_PARAM_SIZE,   /* like INT, with an optional K/M/G suffix (x1024^n) */
     BRAID_PARAM_BOOL,   /* 1/0, yes/no, true/false, on/off */
+    BRAID_PARAM_LIST,   /* comma-separated words, each one of `choices` */
 } braid_param_kind;
 
 /* Where a variable belongs, which decides when it is checked: BRAID_*
@@ -45,7 +47,7 @@ typedef struct {
     braid_param_kind kind;
     braid_param_section section;
     long long min, max;        /* INT, SIZE */
-    const char *choices;       /* CHOICE: "|"-separated words */
+    const char *choices;       /* CHOICE, LIST: "|"-separated words */
     const char *default_value; /* as documented; NULL: unset means "automatic", see help */
     const char *help;          /* markdown, one line */
 } braid_param_info;
@@ -70,8 +72,19 @@ braid_status braid__param_parse(const braid_param_info *p, const char *text, lon
 
 /* Check every set variable of the table at once (test hooks and, unless
  * launcher is 1, launcher variables left out). BRAID_ERR_INVALID_ARG whose
- * text lists every bad one. */
+ * text lists every bad one. The first call in a process also warns about
+ * each BRAID_* variable that braid does not know (a misspelling, say),
+ * naming the nearest one it does. */
 braid_status braid__params_check(int launcher);
+
+/* The known variable nearest to an unknown name (a few edits at most), or
+ * NULL: for "did you mean". */
+const char *braid__param_nearest(const char *name);
+
+/* 1 for a BRAID_* name that braid's tools read, not the library (the
+ * Python package's BRAID_LIBRARY, benchmark scripts, test suites): never
+ * called unknown. */
+int braid__param_tool_name(const char *name);
 
 /* Integer (or boolean as 0/1) value of an environment parameter, or def
  * when unset. An invalid value (the group creation already refused it,

@@ -32,6 +32,9 @@ static void print_values(FILE *out, const braid_param_info *p)
     case BRAID_PARAM_STR:
         fputs("text", out);
         break;
+    case BRAID_PARAM_LIST:
+        fputs("comma-separated, each of ", out);
+        /* fall through */
     case BRAID_PARAM_CHOICE:
         for (const char *c = p->choices; *c;) {
             const char *bar = strchr(c, '|');

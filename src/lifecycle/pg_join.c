@@ -245,6 +245,11 @@ braid_status braid__pg_join(braid_pg *pg, const braid_rendezvous *rv, const brai
     const char *want = cfg && cfg->size > offsetof(braid_config, transports) && cfg->transports
                            ? cfg->transports
                            : braid__param_str("BRAID_TRANSPORT");
+    /* The environment's list was checked with every variable; a config's
+     * list is checked here, against the same names. */
+    long long unused;
+    if (want && braid__param_parse(braid__param_find("BRAID_TRANSPORT"), want, &unused) != BRAID_OK)
+        return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: transports: %s", pg->rank, braid__error_detail());
     BRAID_CHECK(select_transport(pg, want));
     BRAID_CHECK(listen_all(pg, want));
     BRAID_CHECK(braid__devlink_listen(pg, want));

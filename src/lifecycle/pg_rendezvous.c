@@ -138,8 +138,38 @@ static braid_status await_all(braid_pg *pg, const braid_rendezvous *rv, int64_t 
                                 "rank 0: %s never joined: %d of %d ranks reached the store at %s:%d within %d ms "
                                 "(BRAID_INIT_TIMEOUT_MS)",
                                 who, pg->size - missing, pg->size, rv->host, rv->port, pg->init_timeout_ms);
-        BRAID_WARN("rank 0: %d of %d ranks joined the store at %s:%d; waiting for %s (%lld of %d s left)",
+        BRAID_WARN("rank 0: %d of %d ranks joined the store at %s:%d; waiting for %s (%lld of %d s left, "
+                   "BRAID_INIT_TIMEOUT_MS)",
                    pg->size - missing, pg->size, rv->host, rv->port, who, (long long)(deadline - now + 999) / 1000,
+                   (pg->init_timeout_ms + 999) / 1000);
+        report = now + period;
+    }
+}
+
+/* Every other rank: wait for rank 0's verdict (join/done) until end,
+ * saying now and then that it waits and how many have joined, so a hung
+ * start shows on every rank, not on rank 0 only. */
+static braid_status await_verdict(braid_pg *pg, const braid_rendezvous *rv, int64_t deadline, int64_t end, char *v,
+                                  size_t cap, size_t *len)
+{
+    int period = pg->init_timeout_ms / 4 < JOIN_REPORT_MS ? pg->init_timeout_ms / 4 : JOIN_REPORT_MS;
+    int64_t report = braid__now_ms() + (period < JOIN_FIRST_REPORT_MS ? period : JOIN_FIRST_REPORT_MS);
+    for (;;) {
+        int64_t now = braid__now_ms(), until = report < end ? report : end;
+        int slice = until > now ? (int)(until - now) : 0;
+        braid_status st = braid__store_get(pg->store, "join/done", v, cap, len, slice);
+        if (st != BRAID_ERR_TIMEOUT)
+            return st;
+        now = braid__now_ms();
+        if (now >= end)
+            return st;
+        int64_t joined = -1;
+        if (braid__store_add(pg->store, "join/count", 0, &joined) != BRAID_OK)
+            braid__error_clear(); /* the verdict's wait above reports a lost store */
+        int64_t left = deadline > now ? (deadline - now + 999) / 1000 : 0;
+        BRAID_WARN("rank %d: joined the store at %s:%d; waiting for the other ranks (%lld of %d joined; %lld of %d s "
+                   "left, BRAID_INIT_TIMEOUT_MS)",
+                   pg->rank, rv->host, rv->port, (long long)joined, pg->size, (long long)left,
                    (pg->init_timeout_ms + 999) / 1000);
         report = now + period;
     }
@@ -196,8 +226,7 @@ braid_status braid__pg_rendezvous(braid_pg *pg, const braid_rendezvous *rv)
         }
         return st;
     }
-    int wait_ms = (int)(deadline - braid__now_ms()) + JOIN_VERDICT_GRACE_MS;
-    braid_status st = braid__store_get(pg->store, "join/done", v, sizeof(v) - 1, &len, wait_ms > 0 ? wait_ms : 0);
+    braid_status st = await_verdict(pg, rv, deadline, deadline + JOIN_VERDICT_GRACE_MS, v, sizeof(v) - 1, &len);
     if (st == BRAID_ERR_TIMEOUT)
         return braid__error(st,
                             "rank %d: joined the store at %s:%d, but rank 0 did not report every rank joined within "
