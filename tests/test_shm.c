@@ -129,7 +129,7 @@ static int run_pair_keyed(uint8_t child_key, side_fn dialer, side_fn acceptor, v
         rc = acceptor(conn, arg);
         ops->close(conn);
     }
-    *child_rc = tp_wait_child(pid, 120);
+    *child_rc = harness_wait_child(pid, 120);
     ops->close_listener(l);
     return rc;
 }
@@ -653,7 +653,7 @@ START_TEST(group_mixed_transports)
     if (braid__unique_id_decode(&id, &rv) == BRAID_OK)
         braid__prebound_release(rv.port);
     for (int r = 0; r < n; r++)
-        ck_assert_msg(tp_wait_child(pids[r], 180) == 0, "rank %d failed", r);
+        ck_assert_msg(harness_wait_child(pids[r], 180) == 0, "rank %d failed", r);
 }
 END_TEST
 

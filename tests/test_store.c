@@ -15,6 +15,7 @@
 #include "bootstrap/store.h"
 #include "bootstrap/store_wire.h"
 #include "clock.h"
+#include "harness.h"
 
 static const uint8_t secret[BRAID_SECRET_BYTES] = {9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 1, 2, 3, 4, 5, 6};
 
@@ -39,22 +40,6 @@ static braid_store *client(const server_t *s, int rank)
     braid_status st = braid__store_connect("127.0.0.1", s->port, secret, rank, 5000, 0, &c);
     ck_assert_msg(st == BRAID_OK, "connect: %s", braid_last_error());
     return c;
-}
-
-static int wait_child(pid_t pid, int timeout_s)
-{
-    int64_t deadline = braid__now_ms() + timeout_s * 1000;
-    for (;;) {
-        int status;
-        if (waitpid(pid, &status, WNOHANG) == pid)
-            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        if (braid__now_ms() > deadline) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            return 124;
-        }
-        usleep(2000);
-    }
 }
 
 /* Children are forked before the server thread exists and read its port
@@ -364,7 +349,7 @@ START_TEST(many_clients)
     s = start_server();
     port_send(gate[1], s.port, NCLIENTS);
     for (int r = 0; r < NCLIENTS; r++)
-        ck_assert_int_eq(wait_child(pids[r], 20), 0);
+        ck_assert_int_eq(harness_wait_child(pids[r], 20), 0);
     braid_store *c = client(&s, 0);
     int64_t sum;
     ck_assert_int_eq(braid__store_add(c, "count", 0, &sum), BRAID_OK);
@@ -494,7 +479,7 @@ START_TEST(stop_with_parked_get)
     braid_store *idle = client(&s, 2);
     usleep(300 * 1000);
     braid__store_server_stop(s.server);
-    ck_assert_int_eq(wait_child(pid, 10), 0);
+    ck_assert_int_eq(harness_wait_child(pid, 10), 0);
     char v[4];
     size_t len;
     ck_assert_int_ne(braid__store_get(idle, "x", v, sizeof(v), &len, 100), BRAID_OK);
@@ -522,7 +507,7 @@ START_TEST(connect_waits_for_late_server)
     braid_store_server *srv;
     ck_assert_int_eq(braid__sock_listen("127.0.0.1", port, &fd, &port), BRAID_OK);
     ck_assert_int_eq(braid__store_server_start(fd, secret, &srv), BRAID_OK);
-    ck_assert_int_eq(wait_child(pid, 10), 0);
+    ck_assert_int_eq(harness_wait_child(pid, 10), 0);
     braid__store_server_stop(srv);
 
     braid_store *c;

@@ -18,6 +18,7 @@
 #include "bootstrap/sock.h"
 #include "braid_transport.h"
 #include "clock.h"
+#include "harness.h"
 #include "transport_pair.h"
 #include "transports/tcp/tcp.h"
 #include "transports/tcp/tcp_conn.h"
@@ -112,7 +113,7 @@ static int run_pair(int nsocks, side_fn dialer, side_fn acceptor, void *arg, int
     } else {
         fprintf(stderr, "accept: %s\n", braid_last_error());
     }
-    *child_rc = tp_wait_child(pid, 60);
+    *child_rc = harness_wait_child(pid, 60);
     ops->close_listener(l);
     return rc;
 }
@@ -570,7 +571,7 @@ START_TEST(strays_do_not_disturb)
     for (int i = 0; i < 8; i++)
         ck_assert(peer_dropped(silent[i], 3000));
     ck_assert_int_eq(tp_send(conn, b, 1), BRAID_OK);
-    ck_assert_int_eq(tp_wait_child(pid, 20), 0);
+    ck_assert_int_eq(harness_wait_child(pid, 20), 0);
     ops->close(conn);
     ops->close_listener(l);
     close(garbage);
@@ -619,7 +620,7 @@ START_TEST(accept_any_order_and_timeout)
         ops->close(conn);
     }
     for (int r = 0; r < 2; r++)
-        ck_assert_int_eq(tp_wait_child(pids[r], 10), 0);
+        ck_assert_int_eq(harness_wait_child(pids[r], 10), 0);
     braid_conn *conn;
     int64_t t0 = braid__now_ms();
     ck_assert_int_eq(ops->accept(l, 0, 300, &conn), BRAID_ERR_INVALID_ARG); /* already taken */

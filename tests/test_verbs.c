@@ -144,8 +144,8 @@ static void run_pair(side_fn fn, void *arg, int *rc0, int *rc1)
         _exit(rc);
     }
     close(p[0]);
-    *rc0 = tp_wait_child(pid0, 120);
-    *rc1 = tp_wait_child(pid1, 120);
+    *rc0 = harness_wait_child(pid0, 120);
+    *rc1 = harness_wait_child(pid1, 120);
 }
 #else
 /* The fake connects queue pairs of one process only: rank 0 dials from a

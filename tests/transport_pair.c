@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "harness.h"
 #include "status.h"
 
 #define PAIR_TIMEOUT_S 120
@@ -94,22 +95,6 @@ braid_status tp_recv(braid_conn *c, void *buf, size_t len)
     return st != BRAID_OK ? st : tp_wait_all(&r, 1, 30000);
 }
 
-int tp_wait_child(int pid, int timeout_s)
-{
-    int64_t deadline = braid__now_ms() + (int64_t)timeout_s * 1000;
-    for (;;) {
-        int status;
-        if (waitpid(pid, &status, WNOHANG) == pid)
-            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        if (braid__now_ms() > deadline) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            return 124;
-        }
-        usleep(2000);
-    }
-}
-
 /* Where rank 1 puts its address for rank 0, once it listens. */
 typedef void (*publish_fn)(const char addr[BRAID_ADDR_MAX], void *to);
 
@@ -186,8 +171,8 @@ static void run_processes(tp_side_fn fn, void *arg, int *rc0, int *rc1)
         _exit(side(0, addr, NULL, NULL, fn, arg));
     }
     close(p[0]);
-    *rc0 = tp_wait_child(pid0, PAIR_TIMEOUT_S);
-    *rc1 = tp_wait_child(pid1, PAIR_TIMEOUT_S);
+    *rc0 = harness_wait_child(pid0, PAIR_TIMEOUT_S);
+    *rc1 = harness_wait_child(pid1, PAIR_TIMEOUT_S);
 }
 
 /* ---- ranks as threads -------------------------------------------------------- */

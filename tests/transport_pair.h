@@ -45,10 +45,6 @@ braid_status tp_wait_all(braid_req *reqs, int n, int timeout_ms);
 braid_status tp_send(braid_conn *c, const void *buf, size_t len);
 braid_status tp_recv(braid_conn *c, void *buf, size_t len);
 
-/* A child process's exit code, 128 + signal when killed, or 124 (killed
- * here) once timeout_s has passed. */
-int tp_wait_child(int pid, int timeout_s);
-
 #define TP_FAIL(...)                                                                                                  \
     do {                                                                                                               \
         fprintf(stderr, __VA_ARGS__);                                                                                  \
