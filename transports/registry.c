@@ -314,8 +314,6 @@ int braid__transport_for_peer(braid_listener *const listeners[BRAID_TRANSPORT_ID
 
 const braid_transport_ops *braid__transport_some_pairs(braid_listener *const listeners[BRAID_TRANSPORT_ID_COUNT])
 {
-    for (int id = 0; id < BRAID_TRANSPORT_ID_COUNT; id++)
-        if (listeners[id] && builtin_at(id) && builtin_at(id)->scope == BRAID_TRANSPORT_SOME_PAIRS)
-            return builtin_at(id);
-    return NULL;
+    const braid_transport_ops *t = scoped(BRAID_TRANSPORT_SOME_PAIRS);
+    return t && listeners[braid__transport_id_of(t)] ? t : NULL;
 }

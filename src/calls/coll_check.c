@@ -1,8 +1,9 @@
-/* Argument checks shared by the collective entry points outside the
- * all-reduce and broadcast paths (coll_check.h): group handle, dtype,
- * count overflow, CUDA stream, buffers and op. Each failure sets the error
- * text (rank, call, cause) and returns its status; the entry point then
- * decides whether the call is refused to the peers (refuse.h). */
+/* The one argument check of every call (coll_check.h), from its kind's
+ * traits: group handle, dtype, count overflow, op, root or peer, buffers
+ * and their overlap; and the classification of buffers at the entry. Each
+ * failure sets the error text (rank, call, cause) and returns its status;
+ * the entry point then decides whether the call is refused to the peers
+ * (refuse.h). */
 #include <stdint.h>
 #include <stdio.h>
 
@@ -11,14 +12,15 @@
 #include "pg.h"
 #include "status.h"
 
-int braid__overlap(const void *a, size_t alen, const void *b, size_t blen)
+/* 1 when [a, a+alen) and [b, b+blen) share a byte. */
+static int overlap(const void *a, size_t alen, const void *b, size_t blen)
 {
     return alen && blen && (const char *)a < (const char *)b + blen && (const char *)b < (const char *)a + alen;
 }
 
 /* Checks every entry point shares. per_rank: the larger buffer holds one
  * count-sized block per rank, and its size must not overflow either. */
-braid_status braid__check_common(braid_pg *pg, const char *name, size_t count, int per_rank, braid_dtype dtype)
+static braid_status check_common(braid_pg *pg, const char *name, size_t count, int per_rank, braid_dtype dtype)
 {
     BRAID_CHECK(braid__pg_check_handle(pg, name));
     size_t blocks = per_rank ? (size_t)pg->size : 1;
@@ -74,7 +76,9 @@ void braid__coll_classify(braid_coll *c, const braid_mem *mem)
         c->recv_mem = (const void *)c->recv == c->send ? c->send_mem : braid__mem_known(c->recv);
 }
 
-braid_status braid__check_op(const braid_pg *pg, const char *name, braid_op op, const void *scalar)
+/* op is valid, and MULSUM exactly when a scalar is given (the plain calls
+ * pass NULL, the *_mulsum calls their scalar). */
+static braid_status check_op(const braid_pg *pg, const char *name, braid_op op, const void *scalar)
 {
     if ((unsigned)op >= BRAID_OP_COUNT)
         return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: invalid op %d", pg->rank, name, (int)op);
@@ -88,7 +92,8 @@ braid_status braid__check_op(const braid_pg *pg, const char *name, braid_op op, 
     return BRAID_OK;
 }
 
-braid_status braid__check_ptr(const braid_pg *pg, const char *name, const char *what, const void *p, size_t count)
+/* p is not NULL when count > 0. */
+static braid_status check_ptr(const braid_pg *pg, const char *name, const char *what, const void *p, size_t count)
 {
     if (count > 0 && !p)
         return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: %s is NULL with count %zu", pg->rank, name, what,
@@ -113,7 +118,7 @@ static void buffer_name(char *out, size_t cap, const braid_kind_traits *t, int s
 static braid_status check_overlap(const braid_pg *pg, const char *name, const braid_coll *c, size_t sb, size_t rb)
 {
     const braid_kind_traits *t = braid__kind(c->kind);
-    if (!braid__overlap(c->send, sb, c->recv, rb))
+    if (!overlap(c->send, sb, c->recv, rb))
         return BRAID_OK;
     switch ((braid_in_place)t->in_place) {
     case BRAID_IN_PLACE_EQUAL:
@@ -143,9 +148,9 @@ braid_status braid__check_call(braid_pg *pg, const char *name, const braid_coll 
     const braid_kind_traits *t = braid__kind(c->kind);
     int per_rank = t->send_blocks == BRAID_BLOCKS_ALL || t->send_blocks == BRAID_BLOCKS_ROOT_ALL ||
                    t->recv_blocks == BRAID_BLOCKS_ALL || t->recv_blocks == BRAID_BLOCKS_ROOT_ALL;
-    BRAID_CHECK(braid__check_common(pg, name, c->count, per_rank, c->dtype));
+    BRAID_CHECK(check_common(pg, name, c->count, per_rank, c->dtype));
     if (t->has_op)
-        BRAID_CHECK(braid__check_op(pg, name, c->op, scalar));
+        BRAID_CHECK(check_op(pg, name, c->op, scalar));
     int who = t->p2p ? c->peer : c->root;
     if ((t->has_root || t->p2p) && (who < 0 || who >= pg->size))
         return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: %s %d out of range [0, %d)", pg->rank, name,
@@ -156,11 +161,11 @@ braid_status braid__check_call(braid_pg *pg, const char *name, const braid_coll 
     char what[24];
     if (sb && !c->send) {
         buffer_name(what, sizeof(what), t, 1);
-        return braid__check_ptr(pg, name, what, c->send, c->count);
+        return check_ptr(pg, name, what, c->send, c->count);
     }
     if (rb && !c->recv) {
         buffer_name(what, sizeof(what), t, 0);
-        return braid__check_ptr(pg, name, what, c->recv, c->count);
+        return check_ptr(pg, name, what, c->recv, c->count);
     }
     return check_overlap(pg, name, c, sb, rb);
 }

@@ -1,7 +1,8 @@
-/* Argument checks shared by the collective entry points outside the
- * all-reduce and broadcast paths (coll_reduce.c, coll_allgather.c,
- * p2p_calls.c, exchange.c, mulsum.c), defined in coll_check.c. Each
- * returns BRAID_OK or sets the error text (rank, call, cause). */
+/* The one argument check of every call (braid__check_call), buffer
+ * classification at the entry, and the entry points the public calls and
+ * the NCCL shim share; defined in coll_check.c, pg.c, coll_reduce.c,
+ * p2p_calls.c and mulsum.c. Checks return BRAID_OK or set the error text
+ * (rank, call, cause). */
 #ifndef BRAID_COLL_CHECK_H
 #define BRAID_COLL_CHECK_H
 
@@ -9,13 +10,6 @@
 
 #include "braid.h"
 #include "algo/coll.h"
-
-/* 1 when [a, a+alen) and [b, b+blen) share a byte. */
-int braid__overlap(const void *a, size_t alen, const void *b, size_t blen);
-
-/* pg, dtype and count overflow (per_rank: the larger buffer holds one
- * count-sized block per rank). */
-braid_status braid__check_common(braid_pg *pg, const char *name, size_t count, int per_rank, braid_dtype dtype);
 
 /* Every argument check of call c from its kind's traits (coll.h): the
  * group handle, dtype, count overflow, op (with MULSUM's scalar), root or
@@ -37,13 +31,6 @@ void braid__mem_hint_clear(void);
 
 /* p's memory: the hint's answer where it names p, else braid__mem_of. */
 braid_mem braid__mem_known(const void *p);
-
-/* p is not NULL when count > 0. */
-braid_status braid__check_ptr(const braid_pg *pg, const char *name, const char *what, const void *p, size_t count);
-
-/* op is valid, and MULSUM exactly when a scalar is given (the plain calls
- * pass NULL, the *_mulsum calls their scalar). */
-braid_status braid__check_op(const braid_pg *pg, const char *name, braid_op op, const void *scalar);
 
 /* The all-reduce entry point behind braid_allreduce and
  * braid_allreduce_mulsum (pg.c); name is the public call's. mem: send's
