@@ -424,6 +424,16 @@ START_TEST(key_file_unsafe_parents)
     /* Sticky, as /tmp is: others may add entries but not replace ours. */
     ck_assert_int_eq(chmod(dir, 01777), 0);
     ck_assert_int_eq(braid__key_load(path, key), BRAID_OK);
+    /* Relative paths: checked up to the working directory. */
+    ck_assert_int_eq(chdir(dir), 0);
+    ck_assert_int_eq(braid__key_load("rel/sub/job.key", key), BRAID_OK);
+    ck_assert_int_eq(braid__key_load("bare.key", key), BRAID_OK);
+    ck_assert_int_eq(chmod(dir, 0777), 0);
+    ck_assert_int_eq(braid__key_load("bare.key", key), BRAID_ERR_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(braid_last_error(), "., above the key file bare.key, has mode 0777"));
+    ck_assert_int_eq(braid__key_load("rel/sub/job.key", key), BRAID_ERR_INVALID_ARG);
+    ck_assert_int_eq(chmod(dir, 01777), 0);
+    ck_assert_int_eq(chdir("/"), 0);
     if (geteuid() == 0) {
         /* ~/.config made first by another user (HOME in a shared place). */
         char theirs[160], planted[200];

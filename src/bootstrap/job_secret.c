@@ -139,43 +139,50 @@ static braid_status key_read_fd(int fd, const char *path, uint8_t key[KEY_BYTES]
     return BRAID_OK;
 }
 
-/* Every directory above path that exists must be this user's or root's,
- * and writable by no one else (a sticky one, like /tmp, excepted: others
- * may add entries there but not replace ours). Else another user could
- * put a file of theirs, or a directory they own, where braid looks for
- * the key. */
+/* A directory above the key file (dir) that exists must be this user's
+ * or root's, and writable by no one else (a sticky one, like /tmp,
+ * excepted: others may add entries there but not replace ours). Else
+ * another user could put a file of theirs, or a directory they own, where
+ * braid looks for the key. */
+static braid_status check_dir(const char *dir, const char *path)
+{
+    struct stat st;
+    if (stat(dir, &st) != 0) {
+        if (errno == ENOENT)
+            return BRAID_OK; /* made later, mode 0700 */
+        return braid__error(BRAID_ERR_INVALID_ARG, "%s, above the key file %s: %m", dir, path);
+    }
+    int others_write = (st.st_mode & 002) || ((st.st_mode & 020) && st.st_gid != getegid());
+    if (!S_ISDIR(st.st_mode))
+        return braid__error(BRAID_ERR_INVALID_ARG, "%s, above the key file %s, is not a directory", dir, path);
+    if (st.st_uid != geteuid() && st.st_uid != 0)
+        return braid__error(BRAID_ERR_INVALID_ARG,
+                            "%s, above the key file %s, is owned by uid %u, not by this user (uid %u) or root", dir,
+                            path, (unsigned)st.st_uid, (unsigned)geteuid());
+    if (others_write && !(st.st_mode & S_ISVTX))
+        return braid__error(BRAID_ERR_INVALID_ARG,
+                            "%s, above the key file %s, has mode %04o: other users may replace what is in it", dir,
+                            path, (unsigned)(st.st_mode & 07777));
+    return BRAID_OK;
+}
+
+/* check_dir for every directory above path, up to "/" for an absolute
+ * path and to the working directory for a relative one. */
 static braid_status check_parents(const char *path)
 {
     char dir[4096];
     if (snprintf(dir, sizeof(dir), "%s", path) >= (int)sizeof(dir))
         return braid__error(BRAID_ERR_INVALID_ARG, "%s: path too long", path);
-    char *slash = strrchr(dir, '/');
-    if (!slash)
-        return BRAID_OK; /* relative to the working directory: checked as "." */
-    for (char *p = slash;; p = strrchr(dir, '/')) {
-        if (p == dir)
-            p[1] = '\0'; /* "/" itself */
-        else
-            *p = '\0';
-        struct stat st;
-        if (stat(dir, &st) == 0) {
-            int others_write = (st.st_mode & 002) || ((st.st_mode & 020) && st.st_gid != getegid());
-            if (!S_ISDIR(st.st_mode))
-                return braid__error(BRAID_ERR_INVALID_ARG, "%s, above the key file %s, is not a directory", dir,
-                                    path);
-            if (st.st_uid != geteuid() && st.st_uid != 0)
-                return braid__error(BRAID_ERR_INVALID_ARG,
-                                    "%s, above the key file %s, is owned by uid %u, not by this user (uid %u) or root",
-                                    dir, path, (unsigned)st.st_uid, (unsigned)geteuid());
-            if (others_write && !(st.st_mode & S_ISVTX))
-                return braid__error(BRAID_ERR_INVALID_ARG,
-                                    "%s, above the key file %s, has mode %04o: other users may replace what is in it",
-                                    dir, path, (unsigned)(st.st_mode & 07777));
-        } else if (errno != ENOENT) {
-            return braid__error(BRAID_ERR_INVALID_ARG, "%s, above the key file %s: %m", dir, path);
+    for (;;) {
+        char *p = strrchr(dir, '/');
+        if (!p)
+            return check_dir(".", path);
+        if (p == dir) {
+            p[1] = '\0';
+            return check_dir(dir, path);
         }
-        if (p == dir)
-            return BRAID_OK;
+        *p = '\0';
+        BRAID_CHECK(check_dir(dir, path));
     }
 }
 
@@ -352,9 +359,9 @@ braid_status braid__job_secret_env(int rank, braid_rendezvous *rv)
          * be made at all falls back. */
         if (have_path && st == BRAID_ERR_INVALID_ARG)
             return braid__error(BRAID_ERR_AUTH,
-                                "rank %d: refusing the key file: %s. Remove or fix it, point BRAID_KEY_FILE at a file of "
-                                "your own, or set BRAID_JOB_SECRET (or BRAID_KEY_FILE=none to accept a secret from "
-                                "public values)",
+                                "rank %d: refusing the key file: %s. Remove or fix it, point BRAID_KEY_FILE at a "
+                                "file of your own, or set BRAID_JOB_SECRET (or BRAID_KEY_FILE=none to accept a "
+                                "secret from public values)",
                                 rank, braid__error_detail());
     }
     /* The cause without its status name, to quote. */
