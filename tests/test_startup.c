@@ -7,6 +7,7 @@
  * the test reads back. */
 #include <check.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,9 +57,16 @@ static void apply_env(const char *const *pairs)
     }
 }
 
+/* A job held formed while another starts (two jobs on one port): its
+ * ranks write a byte to ready[1] once joined, then wait for hold[0] to
+ * close before their all-reduce. -1 when no job is held. */
+static int hold[2] = {-1, -1}, ready[2] = {-1, -1};
+/* The RANK each slot is started with: a slot may repeat a rank. */
+static int rank_as[NRANKS] = {0, 1, 2, 3};
+
 /* One rank: join after start_delay_ms, all-reduce once if that worked, and
  * write "status elapsed_ms error text" to out_fd. */
-static int rank_main(int rank, int master_port, int start_delay_ms, int out_fd)
+static int rank_main(int rank, int master_port, int start_delay_ms, int out_fd, int held)
 {
     unsetenv("BRAID_STORE_PORT");
     unsetenv("BRAID_JOB_SECRET");
@@ -79,6 +87,13 @@ static int rank_main(int rank, int master_port, int start_delay_ms, int out_fd)
     char line[TEXT_MAX + 64];
     int n = snprintf(line, sizeof(line), "%d %ld %s", (int)st, elapsed, st == BRAID_OK ? "" : braid_last_error());
     if (st == BRAID_OK) {
+        if (held) {
+            char b = 'R', drain;
+            ssize_t w = write(ready[1], &b, 1);
+            (void)w;
+            while (read(hold[0], &drain, 1) > 0) {
+            }
+        }
         int v = rank + 1;
         braid_status ar = braid_allreduce(pg, &v, &v, 1, BRAID_I32, BRAID_SUM, NULL, NULL);
         if (ar != BRAID_OK || v != world * (world + 1) / 2)
@@ -101,52 +116,85 @@ static void read_file(const char *path, char *buf, size_t cap)
     unlink(path);
 }
 
-/* Start the ranks in `which` (a bit mask), each after its delay, and
- * collect what each reported. Ranks not started report status -1. */
-static void run_ranks(int master_port, unsigned which, const int delay_ms[NRANKS], rank_result res[NRANKS])
-{
+/* Ranks started and not yet collected. */
+typedef struct {
     pid_t pids[NRANKS];
     int pipes[NRANKS][2];
     char logs[NRANKS][64];
+} launched;
+
+static void close_fd(int *fd)
+{
+    if (*fd >= 0)
+        close(*fd);
+    *fd = -1;
+}
+
+/* Start the slots in `which` (a bit mask), each after its delay, as the
+ * ranks rank_as names; held: they wait on `hold` once joined. */
+static void start_ranks(int master_port, unsigned which, const int delay_ms[NRANKS], int held, launched *l)
+{
+    static int launches;
+    launches++;
+    for (int r = 0; r < NRANKS; r++) {
+        l->pids[r] = -1;
+        if (!(which & (1u << r)))
+            continue;
+        snprintf(l->logs[r], sizeof(l->logs[r]), "/tmp/braid-startup-%d-%d-%d.log", (int)getpid(), launches, r);
+        unlink(l->logs[r]);
+        ck_assert_int_eq(pipe(l->pipes[r]), 0);
+        l->pids[r] = fork();
+        ck_assert_int_ge(l->pids[r], 0);
+        if (l->pids[r] == 0) {
+            alarm(DEADLINE_S);
+            close(l->pipes[r][0]);
+            close_fd(&hold[1]);
+            close_fd(&ready[0]);
+            if (!held) {
+                close_fd(&hold[0]);
+                close_fd(&ready[1]);
+            }
+            FILE *f = freopen(l->logs[r], "a", stderr);
+            (void)f;
+            _exit(rank_main(rank_as[r], master_port, delay_ms ? delay_ms[r] : 0, l->pipes[r][1], held));
+        }
+        close(l->pipes[r][1]);
+    }
+}
+
+/* Collect what each started slot reported; the others report status -1. */
+static void collect_ranks(launched *l, rank_result res[NRANKS])
+{
     for (int r = 0; r < NRANKS; r++) {
         memset(&res[r], 0, sizeof(res[r]));
         res[r].status = -1;
-        pids[r] = -1;
-        if (!(which & (1u << r)))
-            continue;
-        snprintf(logs[r], sizeof(logs[r]), "/tmp/braid-startup-%d-%d.log", (int)getpid(), r);
-        ck_assert_int_eq(pipe(pipes[r]), 0);
-        pids[r] = fork();
-        ck_assert_int_ge(pids[r], 0);
-        if (pids[r] == 0) {
-            alarm(DEADLINE_S);
-            close(pipes[r][0]);
-            FILE *f = freopen(logs[r], "w", stderr);
-            (void)f;
-            _exit(rank_main(r, master_port, delay_ms ? delay_ms[r] : 0, pipes[r][1]));
-        }
-        close(pipes[r][1]);
-    }
-    for (int r = 0; r < NRANKS; r++) {
-        if (pids[r] < 0)
+        if (l->pids[r] < 0)
             continue;
         char line[TEXT_MAX + 64];
         ssize_t got = 0, n;
-        while ((n = read(pipes[r][0], line + got, sizeof(line) - 1 - (size_t)got)) > 0)
+        while ((n = read(l->pipes[r][0], line + got, sizeof(line) - 1 - (size_t)got)) > 0)
             got += n;
         line[got > 0 ? got : 0] = '\0';
-        close(pipes[r][0]);
+        close(l->pipes[r][0]);
         int status;
-        ck_assert_int_eq(waitpid(pids[r], &status, 0), pids[r]);
-        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "rank %d died (status %#x)", r, status);
+        ck_assert_int_eq(waitpid(l->pids[r], &status, 0), l->pids[r]);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "slot %d died (status %#x)", r, status);
         int off = 0;
         ck_assert_msg(sscanf(line, "%d %ld %n", &res[r].status, &res[r].elapsed_ms, &off) == 2,
-                      "rank %d reported '%s'", r, line);
+                      "slot %d reported '%s'", r, line);
         snprintf(res[r].error, sizeof(res[r].error), "%s", line + off);
-        read_file(logs[r], res[r].log, sizeof(res[r].log));
-        printf("rank %d: status %d after %ld ms: %s\n%s", r, res[r].status, res[r].elapsed_ms, res[r].error,
-               res[r].log);
+        read_file(l->logs[r], res[r].log, sizeof(res[r].log));
+        printf("slot %d (rank %d): status %d after %ld ms: %s\n%s", r, rank_as[r], res[r].status,
+               res[r].elapsed_ms, res[r].error, res[r].log);
     }
+}
+
+/* Start the ranks in `which` and collect what each reported. */
+static void run_ranks(int master_port, unsigned which, const int delay_ms[NRANKS], rank_result res[NRANKS])
+{
+    launched l;
+    start_ranks(master_port, which, delay_ms, 0, &l);
+    collect_ranks(&l, res);
 }
 
 static int count_of(const char *text, const char *needle)
@@ -401,6 +449,125 @@ START_TEST(test_unproven_claim_fails_nobody)
 }
 END_TEST
 
+/* Wait until n held ranks have joined (a byte each on ready[0]). */
+static void await_ready(int n)
+{
+    long until = now_ms() + 30000;
+    for (int got = 0; got < n;) {
+        struct pollfd p = {.fd = ready[0], .events = POLLIN};
+        ck_assert_msg(now_ms() < until && poll(&p, 1, 1000) >= 0, "%d of %d held ranks joined", got, n);
+        char b;
+        if (p.revents && read(ready[0], &b, 1) == 1)
+            got++;
+    }
+}
+
+/* Job A has formed and runs; job B is started on A's MASTER_PORT. B's rank
+ * 0 cannot serve the store (the port is A's); B's other ranks prove A's
+ * secret (no launcher job id: both derive the same one) and must be turned
+ * away at once, naming the cause, instead of joining A's store and waiting
+ * out BRAID_TIMEOUT_MS. A is not disturbed. */
+START_TEST(test_two_jobs_one_port)
+{
+    int port = harness_free_port_pair();
+    setenv("BRAID_INIT_TIMEOUT_MS", "20000", 1);
+    ck_assert_int_eq(pipe(hold), 0);
+    ck_assert_int_eq(pipe(ready), 0);
+    launched a;
+    start_ranks(port, 0x7, NULL, 1, &a);
+    close_fd(&hold[0]);
+    close_fd(&ready[1]);
+    await_ready(world);
+    rank_result b[NRANKS], res_a[NRANKS];
+    run_ranks(port, 0x7, NULL, b);
+    close_fd(&hold[1]);
+    collect_ranks(&a, res_a);
+    close_fd(&ready[0]);
+    for (int r = 0; r < world; r++)
+        ck_assert_msg(res_a[r].status == BRAID_OK, "job A rank %d: status %d: %s", r, res_a[r].status,
+                      res_a[r].error);
+    ck_assert_msg(b[0].status == BRAID_ERR_SYSTEM, "job B rank 0: status %d: %s", b[0].status, b[0].error);
+    ASSERT_HAS(b[0].error, "Address already in use");
+    for (int r = 1; r < world; r++) {
+        ck_assert_msg(b[r].status == BRAID_ERR_MISMATCH, "job B rank %d: status %d: %s", r, b[r].status,
+                      b[r].error);
+        ASSERT_HAS(b[r].error, "refused: every rank of that store's job (3 ranks) has joined it already: it is "
+                               "another job's store");
+        ck_assert_msg(b[r].elapsed_ms < 3000, "job B rank %d failed after %ld ms", r, b[r].elapsed_ms);
+    }
+    ASSERT_HAS(res_a[0].log, "every one of the job's 3 ranks has joined, so it belongs to another job");
+    unsetenv("BRAID_INIT_TIMEOUT_MS");
+}
+END_TEST
+
+/* Two processes are started as rank 1 (slot 3 a moment after slot 1),
+ * before rank 2 has started. The store fails the job at the second one:
+ * every process stops at once with the cause, rank 2 too when it comes. */
+START_TEST(test_rank_started_twice)
+{
+    int port = harness_free_port_pair();
+    setenv("BRAID_INIT_TIMEOUT_MS", "20000", 1);
+    rank_as[3] = 1;
+    const int delays[NRANKS] = {0, 0, 2500, 800};
+    rank_result res[NRANKS];
+    run_ranks(port, 0xf, delays, res);
+    rank_as[3] = 3;
+    for (int r = 0; r < NRANKS; r++)
+        ck_assert_msg(res[r].status == BRAID_ERR_MISMATCH, "slot %d: status %d: %s", r, res[r].status, res[r].error);
+    ASSERT_HAS(res[3].error, "refused: another connected process holds rank 1 there, and the store fails its job");
+    for (int r = 0; r < 3; r++) {
+        ASSERT_HAS(res[r].error, "rank 1 joined twice, from 127.0.0.1:");
+        ASSERT_HAS(res[r].error, "two processes were given one RANK, or another job uses this port");
+    }
+    ck_assert_msg(res[3].elapsed_ms < 3000, "slot 3 failed after %ld ms", res[3].elapsed_ms);
+    ck_assert_msg(res[0].elapsed_ms < 6000 && res[1].elapsed_ms < 6000, "ranks 0 and 1 failed after %ld, %ld ms",
+                  res[0].elapsed_ms, res[1].elapsed_ms);
+    ck_assert_msg(res[2].elapsed_ms < 3000, "rank 2 failed after %ld ms", res[2].elapsed_ms);
+    unsetenv("BRAID_INIT_TIMEOUT_MS");
+}
+END_TEST
+
+/* One process's launch variables make it no rank of the job: RANK=2 with
+ * WORLD_SIZE=2 in a job of 3, or RANK=3 in a job of 3. It cannot join,
+ * but it can reach the store: it says why it leaves there, and every rank
+ * fails at once with that reason instead of waiting for a rank 2. */
+static const struct {
+    const char *odd[8];
+    const char *own;    /* in the odd process's error */
+    const char *others; /* in the others' */
+    long rank0_ms;      /* rank 0's bound: it serves the store up to 5 s for a rank not yet told */
+} launch_cases[] = {
+    {{"WORLD_SIZE", "2", NULL}, "rank 2: RANK=2 is not below WORLD_SIZE=2: this process cannot be a rank of a job of 2",
+     "was started as rank 2 with a world size of 2 (its RANK is not below its WORLD_SIZE; this job has 3 ranks)",
+     3000},
+    {{"RANK", "3", NULL}, "rank 3: RANK=3 is not below WORLD_SIZE=3: this process cannot be a rank of a job of 3",
+     "was started as rank 3 with a world size of 3 (its RANK is not below its WORLD_SIZE; this job has 3 ranks)",
+     8000},
+};
+
+START_TEST(test_launch_env_wrong_on_one_rank)
+{
+    memcpy(odd_env, launch_cases[_i].odd, sizeof(launch_cases[_i].odd));
+    int port = harness_free_port_pair();
+    setenv("BRAID_INIT_TIMEOUT_MS", "30000", 1);
+    rank_result res[NRANKS];
+    run_ranks(port, 0x7, NULL, res);
+    odd_env[0] = NULL;
+    ck_assert_msg(res[2].status == BRAID_ERR_INVALID_ARG, "odd rank: status %d: %s", res[2].status, res[2].error);
+    ASSERT_HAS(res[2].error, launch_cases[_i].own);
+    ASSERT_HAS(res[2].error, "told rank 0's store at 127.0.0.1:");
+    for (int r = 0; r < 2; r++) {
+        ck_assert_msg(res[r].status == BRAID_ERR_MISMATCH, "rank %d: status %d: %s", r, res[r].status, res[r].error);
+        ASSERT_HAS(res[r].error, launch_cases[_i].others);
+        ASSERT_HAS(res[r].error, "its launch variables are wrong, and it left");
+    }
+    for (int r = 1; r < 3; r++)
+        ck_assert_msg(res[r].elapsed_ms < 3000, "slot %d failed after %ld ms", r, res[r].elapsed_ms);
+    ck_assert_msg(res[0].elapsed_ms < launch_cases[_i].rank0_ms, "rank 0 failed after %ld ms", res[0].elapsed_ms);
+    unsetenv("BRAID_INIT_TIMEOUT_MS");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("startup");
@@ -413,6 +580,9 @@ int main(void)
     tcase_add_test(tc, test_init_timeout_separate);
     tcase_add_loop_test(tc, test_params_mismatch, 0, (int)(sizeof(mismatch_cases) / sizeof(mismatch_cases[0])));
     tcase_add_test(tc, test_unproven_claim_fails_nobody);
+    tcase_add_test(tc, test_two_jobs_one_port);
+    tcase_add_test(tc, test_rank_started_twice);
+    tcase_add_loop_test(tc, test_launch_env_wrong_on_one_rank, 0, (int)(sizeof(launch_cases) / sizeof(launch_cases[0])));
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -180,6 +180,10 @@ const char *braid__auth_result_string(uint32_t result)
         return "invalid or inconsistent socket index/count";
     case BRAID_AUTH_REJECT_PARAMS:
         return "job parameters differ";
+    case BRAID_AUTH_REJECT_FORMED:
+        return "the store's job has all its ranks already";
+    case BRAID_AUTH_REJECT_TAKEN:
+        return "another connected process holds that rank";
     default:
         return "unknown verdict";
     }

@@ -71,7 +71,9 @@ typedef enum {
     BRAID_AUTH_REJECT_RANK = 3,      /* rank out of range or not the listener's rank */
     BRAID_AUTH_REJECT_SOCKETS = 4,   /* socket index / count invalid or inconsistent */
     BRAID_AUTH_REJECT_PARAMS = 5,    /* job parameters differ (world size, checksum...) */
-    BRAID_AUTH_REJECT_MAX = BRAID_AUTH_REJECT_PARAMS
+    BRAID_AUTH_REJECT_FORMED = 6,    /* store: every rank of its job has joined; this is another job's */
+    BRAID_AUTH_REJECT_TAKEN = 7,     /* store: a connected member holds that rank */
+    BRAID_AUTH_REJECT_MAX = BRAID_AUTH_REJECT_TAKEN
 } braid_auth_result;
 
 /* Where a job secret came from. Ranks that disagree have different secrets,

@@ -26,12 +26,18 @@ typedef struct {
      * so a rank whose secret differs can still prove it is one of ours. */
     uint8_t claim_key[BRAID_SECRET_BYTES];
     int has_claim_key;
+    /* Set when this process cannot be a rank of the job its launch
+     * variables name (RANK=2 with WORLD_SIZE=2), though the store is known:
+     * it tells the store why it leaves, so the others stop at once. */
+    char launch_error[160];
 } braid_rendezvous;
 
 /* Decode and validate a unique id. */
 braid_status braid__unique_id_decode(const braid_unique_id_t *id, braid_rendezvous *rv);
 
-/* Rank, size and rendezvous from torchrun / Open MPI / Slurm variables. */
+/* Rank, size and rendezvous from torchrun / Open MPI / Slurm variables. A
+ * rank outside [0, size) still gives the rendezvous, with rv->launch_error
+ * saying what is wrong. */
 braid_status braid__env_rendezvous(int *rank, int *size, braid_rendezvous *rv);
 
 /* The job secret for the launcher environment (job_secret.c): sets

@@ -50,6 +50,25 @@ static braid_status store_handshake(braid_store *s, const uint8_t secret[BRAID_S
         st = braid__error(BRAID_ERR_MISMATCH, "%s: refused: %s", s->what, why);
         goto err_close;
     }
+    if (result == BRAID_AUTH_REJECT_FORMED) {
+        st = braid__error(BRAID_ERR_MISMATCH,
+                                "%s: refused: every rank of that store's job (%u ranks) has joined it already: it is "
+                                "another job's store, on this job's port; give each job its own port",
+                                s->what, (unsigned)peer.job.size);
+        goto err_close;
+    }
+    if (result == BRAID_AUTH_REJECT_TAKEN) {
+        st = braid__error(BRAID_ERR_MISMATCH,
+                                "%s: refused: another connected process holds rank %d there, and the store fails "
+                                "its job: two processes were given one RANK, or two jobs share the port",
+                                s->what, s->rank);
+        goto err_close;
+    }
+    if (result == BRAID_AUTH_REJECT_RANK && job) {
+        st = braid__error(BRAID_ERR_MISMATCH, "%s: refused: rank %d is out of range for its job of %u ranks",
+                                s->what, s->rank, (unsigned)peer.job.size);
+        goto err_close;
+    }
     if (result != BRAID_AUTH_ACCEPTED) {
         st = braid__error(BRAID_ERR_AUTH, "%s: rejected: %s", s->what, braid__auth_result_string(result));
         goto err_close;

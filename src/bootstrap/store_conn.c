@@ -108,16 +108,82 @@ void braid__store_client_proven(braid_store_server *s, client *c)
     c->unproven = 0;
 }
 
-/* The verdict on a client that has proven the secret: its parameters. */
+/* Whether every rank of the job has joined: from then on the job has no
+ * place left, and whoever else proves the secret belongs to another job
+ * (two jobs started on one port share a secret without a launcher job id). */
+static int formed(const braid_store_server *s)
+{
+    return s->joined && s->njoined == s->job.size;
+}
+
+/* The verdict on a member's rank: in range, not held by another connected
+ * process, and a place left in the job. Fails the job where the mistake
+ * is one of the job's own (a rank out of range, one rank started twice),
+ * so that every member stops with the cause. */
+static uint32_t judge_rank(braid_store_server *s, client *c)
+{
+    int r = c->hs.peer.rank;
+    if (!s->joined || c->hs.peer.job.size == 0)
+        return BRAID_AUTH_ACCEPTED; /* not tracked, or a probe that states no parameters */
+    if (formed(s)) {
+        BRAID_WARN("store: refusing a rank %d from %s: every one of the job's %u ranks has joined, so it belongs to "
+                   "another job (one started on this port?)",
+                   r, c->addr, (unsigned)s->job.size);
+        return BRAID_AUTH_REJECT_FORMED;
+    }
+    char text[448];
+    if ((uint32_t)r >= s->job.size) {
+        snprintf(text, sizeof(text),
+                 "a process from %s joined as rank %d of a job of %u ranks (0 to %u): its launch variables (RANK, "
+                 "WORLD_SIZE) are wrong",
+                 c->addr, r, (unsigned)s->job.size, (unsigned)s->job.size - 1);
+        fail_job(s, text);
+        return BRAID_AUTH_REJECT_RANK;
+    }
+    for (client *o = s->clients; o; o = o->next) {
+        if (o == c || !o->member || o->rank != r || o->state == CL_DEAD)
+            continue;
+        snprintf(text, sizeof(text),
+                 "rank %d joined twice, from %s and from %s: two processes were given one RANK, or another job uses "
+                 "this port",
+                 r, o->addr, c->addr);
+        fail_job(s, text);
+        return BRAID_AUTH_REJECT_TAKEN;
+    }
+    if (!s->joined[r]) {
+        s->joined[r] = 1;
+        s->njoined++;
+    }
+    c->member = 1;
+    c->rank = r; /* now, not when the verdict is sent: a second process for r is compared with this one */
+    return BRAID_AUTH_ACCEPTED;
+}
+
+/* The verdict on a client that has proven the secret: its parameters,
+ * then its rank. */
 static uint32_t judge(braid_store_server *s, client *c)
 {
     char why[384], name[32];
     int bound;
+    if (formed(s))
+        return judge_rank(s, c); /* another job's, whatever its parameters: the job is not failed */
+    if (s->joined && c->hs.peer.job.size > 0 && (uint32_t)c->hs.peer.rank >= c->hs.peer.job.size) {
+        /* A process that knows it is out of range (braid_pg_init_env with
+         * RANK not below WORLD_SIZE) comes to say so before it leaves. */
+        char text[448];
+        snprintf(text, sizeof(text),
+                 "a process from %s was started as rank %d with a world size of %u (its RANK is not below its "
+                 "WORLD_SIZE; this job has %u ranks): its launch variables are wrong, and it left",
+                 c->addr, c->hs.peer.rank, (unsigned)c->hs.peer.job.size, (unsigned)s->job.size);
+        fail_job(s, text);
+        braid__store_mark_told(s, c->hs.peer.rank); /* the process knows; nobody else comes as that rank */
+        return BRAID_AUTH_REJECT_RANK;
+    }
     snprintf(name, sizeof(name), "rank %d", c->hs.peer.rank);
     if (c->hs.peer.job.size > 0 && c->hs.peer.job.size < s->expect)
         s->expect = c->hs.peer.job.size;
     if (!braid__job_params_diff(&c->hs.peer.job, name, &s->job, "rank 0 (the store)", why, sizeof(why), &bound))
-        return BRAID_AUTH_ACCEPTED;
+        return judge_rank(s, c);
     char text[448];
     snprintf(text, sizeof(text), "job parameters differ: %s", why);
     fail_job(s, text);
@@ -133,7 +199,7 @@ static uint32_t judge(braid_store_server *s, client *c)
 static int take_claim(braid_store_server *s, client *c)
 {
     const braid_hello *h = &c->hs.peer;
-    if (!s->job.has_claim_key || s->failed[0] || h->job.size == 0 || h->rank <= 0 || (uint32_t)h->rank >= s->job.size ||
+    if (!s->job.has_claim_key || s->failed[0] || formed(s) || h->job.size == 0 || h->rank <= 0 || (uint32_t)h->rank >= s->job.size ||
         !braid__auth_claim_valid(&c->hs, s->job.claim_key))
         return 0;
     for (client *o = s->clients; o; o = o->next)

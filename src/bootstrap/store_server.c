@@ -182,7 +182,9 @@ braid_status braid__store_server_start_job(int listen_fd, const uint8_t secret[B
         s->expect = job->size;
         braid__admit_size(&s->admit, job->size); /* every rank connects at once at init */
         s->told = calloc(job->size, 1);
-        if (!s->told) {
+        if (job->source != BRAID_SECRET_UNSTATED)
+            s->joined = calloc(job->size, 1);
+        if (!s->told || (job->source != BRAID_SECRET_UNSTATED && !s->joined)) {
             st = braid__error(BRAID_ERR_NO_MEMORY, "store: out of memory");
             goto err_free_server;
         }
@@ -215,6 +217,7 @@ err_free_buckets:
     braid__store_kv_free(s);
 err_free_server:
     free(s->told);
+    free(s->joined);
     free(s);
 err_close_listen:
     close(listen_fd);
@@ -243,6 +246,7 @@ void braid__store_server_stop_drained(braid_store_server *s, int grace_ms)
     braid__store_kv_free(s);
     braid__admit_free(&s->admit);
     free(s->told);
+    free(s->joined);
     OPENSSL_cleanse(&s->job, sizeof(s->job));
     free(s->pfds);
     free(s->pclients);

@@ -29,6 +29,7 @@ typedef struct client {
     char addr[BRAID_SOCK_ADDR_STR];
     char host[BRAID_SOCK_ADDR_STR]; /* addr without the port: the admission source */
     int unproven;                   /* counted in the server's admission table */
+    int member;                     /* holds its rank's place in the job (joined) */
     braid_auth_accept hs;
     uint8_t hdr[BRAID_STORE_REQ_BYTES];
     size_t hdr_pos;
@@ -68,6 +69,12 @@ struct braid_store_server {
     uint8_t *told;        /* [job.size]: ranks that got the reason */
     uint32_t ntold;
     uint32_t expect; /* ranks to tell: the smallest world size any member stated */
+    /* Ranks that have joined, for a job whose parameters are stated (the
+     * rendezvous store; not the shrink and probe stores): once every rank
+     * has, a newcomer is another job's (two jobs on one port), and a rank
+     * held by a connected member is refused to a second process. */
+    uint8_t *joined; /* [job.size]; NULL: not tracked */
+    uint32_t njoined;
 };
 
 /* ---- store_conn.c: connections ------------------------------------------ */

@@ -160,6 +160,7 @@ braid_status braid__unique_id_decode(const braid_unique_id_t *id, braid_rendezvo
     rv->local_rank = -1;
     snprintf(rv->port_source, sizeof(rv->port_source), "the unique id");
     rv->bound_at_init = 0;
+    rv->launch_error[0] = '\0';
     return BRAID_OK;
 }
 
@@ -199,7 +200,10 @@ braid_status braid__env_rendezvous(int *rank, int *size, braid_rendezvous *rv)
                             "OMPI_COMM_WORLD_RANK/SIZE from mpirun or SLURM_PROCID/SLURM_NTASKS from srun)");
     int r, s;
     BRAID_CHECK(env_int(size_name, size_text, 1, BRAID_MAX_RANKS, &s));
-    BRAID_CHECK(env_int(rank_name, rank_text, 0, s - 1, &r));
+    BRAID_CHECK(env_int(rank_name, rank_text, 0, BRAID_MAX_RANKS - 1, &r));
+    rv->launch_error[0] = '\0';
+    if (r >= s)
+        snprintf(rv->launch_error, sizeof(rv->launch_error), "%s=%d is not below %s=%d", rank_name, r, size_name, s);
 
     const char *addr = braid__param_str("MASTER_ADDR");
     if (!addr)
@@ -228,7 +232,7 @@ braid_status braid__env_rendezvous(int *rank, int *size, braid_rendezvous *rv)
     static const char *const local_vars[] = {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", NULL};
     const char *local_name = NULL, *local_text = first_env(local_vars, &local_name);
     rv->local_rank = -1;
-    if (local_text)
+    if (local_text && r < s)
         BRAID_CHECK(env_int(local_name, local_text, 0, s - 1, &rv->local_rank));
     *rank = r;
     *size = s;

@@ -223,6 +223,8 @@ static braid_status listen_all(braid_pg *pg, const char *want)
 braid_status braid__pg_join(braid_pg *pg, const braid_rendezvous *rv, const braid_config *cfg)
 {
     BRAID_CHECK(braid__pg_apply_config(pg, cfg));
+    if (rv->launch_error[0])
+        return braid__pg_report_launch_mistake(pg, rv);
     braid__hmem_pg_prepare(pg); /* before any rank of the group can hold a stream */
     braid__devcoll_prepare(pg);
     memcpy(pg->ctx.secret, rv->secret, sizeof(pg->ctx.secret));

@@ -50,7 +50,8 @@ static braid_status serve_store(braid_pg *pg, const braid_rendezvous *rv, const 
             snprintf(why, sizeof(why), "%s", braid__error_detail());
             return braid__error(BRAID_ERR_SYSTEM,
                                 "rank 0: cannot serve the rendezvous store on port %d (chosen by %s): %s; another "
-                                "program holds the port: set BRAID_STORE_PORT to a free port on every rank",
+                                "program (another job's rank 0?) holds the port: set BRAID_STORE_PORT to a free "
+                                "port on every rank",
                                 rv->port, port_source(rv), why);
         }
     }
@@ -175,23 +176,51 @@ static braid_status await_verdict(braid_pg *pg, const braid_rendezvous *rv, int6
     }
 }
 
+/* What every member must agree on, compared in the store handshake so a
+ * rank started with another WORLD_SIZE (or checksum setting, job id,
+ * secret) is named at once on every rank. NULL for a shrunk group, which
+ * states none: its members come from one agreement. */
+static const braid_job_params *job_params(const braid_pg *pg, const braid_rendezvous *rv, braid_job_params *params)
+{
+    memset(params, 0, sizeof(*params));
+    params->size = (uint32_t)pg->size;
+    params->source = rv->secret_source;
+    params->checksum = (uint8_t)(pg->checksum != 0);
+    params->secret_id = braid__secret_id(rv->secret);
+    snprintf(params->job_id, sizeof(params->job_id), "%s", rv->job_id);
+    if (rv->has_claim_key) {
+        memcpy(params->claim_key, rv->claim_key, sizeof(params->claim_key));
+        params->has_claim_key = 1;
+    }
+    return rv->secret_source != BRAID_SECRET_UNSTATED ? params : NULL;
+}
+
+braid_status braid__pg_report_launch_mistake(braid_pg *pg, const braid_rendezvous *rv)
+{
+    braid_job_params params;
+    const braid_job_params *job = job_params(pg, rv, &params);
+    braid_status st = connect_store(pg, rv, job);
+    char told[640];
+    if (st == BRAID_ERR_MISMATCH)
+        snprintf(told, sizeof(told), "told rank 0's store at %s:%d, which stops every rank with the reason",
+                 rv->host, rv->port);
+    else if (st == BRAID_OK)
+        snprintf(told, sizeof(told), "rank 0's store at %s:%d took it as a member all the same", rv->host,
+                 rv->port);
+    else
+        snprintf(told, sizeof(told), "could not tell rank 0's store at %s:%d: %s", rv->host, rv->port,
+                 braid__error_detail());
+    braid__store_close(pg->store);
+    pg->store = NULL;
+    return braid__error(BRAID_ERR_INVALID_ARG, "rank %d: %s: this process cannot be a rank of a job of %d; %s",
+                        pg->rank, rv->launch_error, pg->size, told);
+}
+
 braid_status braid__pg_rendezvous(braid_pg *pg, const braid_rendezvous *rv)
 {
     int64_t deadline = braid__now_ms() + pg->init_timeout_ms;
-    /* What every member must agree on, compared in the store handshake so a
-     * rank started with another WORLD_SIZE (or checksum setting, job id,
-     * secret) is named at once on every rank. A shrunk group states none:
-     * its members come from one agreement. */
-    braid_job_params params = {.size = (uint32_t)pg->size,
-                               .source = rv->secret_source,
-                               .checksum = (uint8_t)(pg->checksum != 0),
-                               .secret_id = braid__secret_id(rv->secret)};
-    snprintf(params.job_id, sizeof(params.job_id), "%s", rv->job_id);
-    if (rv->has_claim_key) {
-        memcpy(params.claim_key, rv->claim_key, sizeof(params.claim_key));
-        params.has_claim_key = 1;
-    }
-    const braid_job_params *job = rv->secret_source != BRAID_SECRET_UNSTATED ? &params : NULL;
+    braid_job_params params;
+    const braid_job_params *job = job_params(pg, rv, &params);
     if (pg->rank == 0)
         BRAID_CHECK(serve_store(pg, rv, job));
     braid_status cst = connect_store(pg, rv, job);
