@@ -31,6 +31,8 @@
 /* A braid store answers the handshake at once; see braid__store_connect. */
 #define STORE_HELLO_MS 10000
 #define JOIN_OK "ok"
+/* Longest a process that cannot be a rank tries to reach the store to say why. */
+#define MISTAKE_REPORT_MS 30000
 
 static const char *port_source(const braid_rendezvous *rv)
 {
@@ -197,6 +199,13 @@ static const braid_job_params *job_params(const braid_pg *pg, const braid_rendez
 
 braid_status braid__pg_report_launch_mistake(braid_pg *pg, const braid_rendezvous *rv)
 {
+    /* Rank 0 may start after us, but a process that cannot take part does
+     * not wait the whole init timeout to say so. */
+    if (pg->init_timeout_ms > MISTAKE_REPORT_MS)
+        pg->init_timeout_ms = MISTAKE_REPORT_MS;
+    BRAID_WARN("rank %d: %s: this process cannot be a rank of the job; telling rank 0's store at %s:%d (for up to %d "
+               "s) before it leaves",
+               pg->rank, rv->launch_error, rv->host, rv->port, (pg->init_timeout_ms + 999) / 1000);
     braid_job_params params;
     const braid_job_params *job = job_params(pg, rv, &params);
     braid_status st = connect_store(pg, rv, job);
