@@ -6,8 +6,6 @@
 
 #include "algo_ctx.h"
 
-#define BRAID_FP_BYTES 40 /* fingerprint message, sent before a collective's data */
-
 /* State every algorithm carries: the group's context, the deadline and a
  * name for error messages. */
 typedef struct {
@@ -56,9 +54,15 @@ braid_status braid__fp_poll(braid_algo_run *run, int *checked);
  * both calls. Other failures pass through. */
 braid_status braid__fp_explain(braid_algo_run *run, braid_status st);
 
-/* Encode this call's fingerprint, and compare a peer's against ours. */
+/* Encode this call's fingerprint, and compare a peer's against ours: a
+ * mismatch is BRAID_ERR_MISMATCH naming both calls, and is recorded in
+ * ctx->mismatch. */
 void braid__fp_encode(const braid_coll *coll, uint8_t out[BRAID_FP_BYTES]);
 braid_status braid__fp_check(braid_algo_run *run, int peer, const uint8_t theirs[BRAID_FP_BYTES]);
+
+/* "#3 allreduce(count=4, f32, sum)" for a fingerprint from anywhere (a
+ * peer's notice): 0, with nothing written, when it is not a valid one. */
+int braid__fp_describe(const uint8_t fp[BRAID_FP_BYTES], char *buf, size_t cap);
 
 /* Mark a fingerprint as the device ring's (cuda/device_ring.c). The flag is
  * not compared: a host rank may join the call; it tells a neighbour with

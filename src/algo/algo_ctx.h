@@ -15,6 +15,17 @@
 
 struct braid_hier_topo;
 
+#define BRAID_FP_BYTES 40 /* fingerprint message, sent before a collective's data */
+
+/* Both calls of a mismatch found by this rank (fingerprints in their wire
+ * form), kept so that the caller can tell every rank, not only the one
+ * that found it (src/calls/refuse.c). */
+typedef struct {
+    int found;
+    int peer;
+    uint8_t mine[BRAID_FP_BYTES], theirs[BRAID_FP_BYTES];
+} braid_mismatch_seen;
+
 typedef struct braid_algo_ctx {
     int rank, size;
     size_t chunk_bytes;        /* pipeline chunk (BRAID_CHUNK_BYTES) */
@@ -42,6 +53,8 @@ typedef struct braid_algo_ctx {
      * multiplying a MULSUM input (src/calls/mulsum.c). *scratch, if set, is
      * freed after the run. NULL: none. */
     braid_status (*prepare)(void *owner, struct braid_coll *coll, void **scratch);
+    /* Where the first mismatch with a peer's call is recorded; NULL: not kept. */
+    braid_mismatch_seen *mismatch;
 } braid_algo_ctx;
 
 static inline braid_status braid__ctx_conn(const braid_algo_ctx *ctx, int peer, braid_conn **conn)

@@ -261,6 +261,19 @@ static void fp_describe(const fingerprint *f, char *buf, size_t cap)
              braid__dtype_name((braid_dtype)f->dtype), op, root);
 }
 
+int braid__fp_describe(const uint8_t fp[BRAID_FP_BYTES], char *buf, size_t cap)
+{
+    fingerprint f;
+    fp_decode(fp, &f);
+    const braid_kind_traits *t = braid__kind(f.kind);
+    if (f.magic != FP_MAGIC || !braid__kind_valid(f.kind) || f.kind == BRAID_COLL_RECV || t->exchange ||
+        f.kind == BRAID_COLL_GROUP || braid_dtype_size((braid_dtype)f.dtype) == 0 ||
+        (t->has_op && (unsigned)f.op >= BRAID_OP_COUNT))
+        return 0;
+    fp_describe(&f, buf, cap);
+    return 1;
+}
+
 #define FP_FLAGS_BYTE 7
 #define FP_FLAG_DRING 1u
 
@@ -328,6 +341,13 @@ braid_status braid__fp_check(braid_algo_run *run, int peer, const uint8_t theirs
     char a[160], b[160];
     fp_describe(&mine, a, sizeof(a));
     fp_describe(&other, b, sizeof(b));
+    braid_mismatch_seen *seen = run->ctx->mismatch;
+    if (seen && !seen->found) {
+        seen->found = 1;
+        seen->peer = peer;
+        fp_encode_fields(&mine, seen->mine);
+        memcpy(seen->theirs, theirs, BRAID_FP_BYTES);
+    }
     return braid__error(BRAID_ERR_MISMATCH, "rank %d called %s but peer %d called %s", run->ctx->rank, a, peer, b);
 }
 

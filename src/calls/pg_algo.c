@@ -77,10 +77,16 @@ braid_status braid__coll_run(braid_pg *pg, braid_coll *coll)
     if (st != BRAID_OK)
         return st;
     braid_algo_ctx ctx;
+    braid_mismatch_seen seen = {0};
     braid__pg_algo_ctx(pg, &ctx);
-    /* A peer's failure may be its refusal of the call: say so (src/calls/refuse.c)
+    ctx.mismatch = &seen;
+    st = braid__algo_coll_run(&ctx, coll);
+    /* Both calls of a mismatch go to every rank, and a peer's failure may
+     * be its refusal of the call or its mismatch: say so (src/calls/refuse.c)
      * before the group breaks, so that later calls name the cause too. */
-    st = braid__refusal_explain(pg, coll, braid__algo_coll_run(&ctx, coll));
+    if (st == BRAID_ERR_MISMATCH)
+        braid__mismatch_tell(pg, &seen);
+    st = braid__refusal_explain(pg, coll, st);
     if (st != BRAID_OK)
         braid__pg_fail(pg, st); /* every rank fails fast: close the links */
     return st;

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "algo/algo.h"
 #include "log.h"
 #include "pg.h"
 #include "pg_shrink.h"
@@ -41,6 +42,13 @@ typedef struct {
     int kind, code, arg;
     uint64_t seq, pg_tag, value;
 } notice;
+
+/* A mismatch found by one rank, for the others: magic[4] | finder u32 |
+ * its peer u32 | 0 u32 | pg_tag u64 | the finder's call | the peer's call
+ * (fingerprints as on the data links, algo.h). */
+#define MISMATCH_MAGIC "BRMM"
+#define MISMATCH_BYTES (24 + 2 * BRAID_FP_BYTES)
+#define NOTICE_MAX (MISMATCH_BYTES > NOTICE_BYTES ? MISMATCH_BYTES : NOTICE_BYTES)
 
 static void notice_encode(const notice *n, uint8_t out[NOTICE_BYTES])
 {
@@ -189,17 +197,62 @@ braid_status braid__refusal_run(braid_pg *pg, const braid_coll *coll)
     return BRAID_ERR_INVALID_ARG;
 }
 
+void braid__mismatch_tell(braid_pg *pg, const braid_mismatch_seen *m)
+{
+    if (!m->found || pg->size < 2 || !pg->shrink || atomic_load(&pg->aborted))
+        return;
+    char text[512];
+    snprintf(text, sizeof(text), "%s", braid_last_error());
+    uint8_t buf[MISMATCH_BYTES];
+    memcpy(buf, MISMATCH_MAGIC, 4);
+    braid__put_be32(buf + 4, (uint32_t)pg->rank);
+    braid__put_be32(buf + 8, (uint32_t)m->peer);
+    braid__put_be32(buf + 12, 0);
+    braid__put_be64(buf + 16, pg->ctx.pg_tag);
+    memcpy(buf + 24, m->mine, BRAID_FP_BYTES);
+    memcpy(buf + 24 + BRAID_FP_BYTES, m->theirs, BRAID_FP_BYTES);
+    int told = braid__shrink_notice_send(pg, NOTICE_KEY, buf, sizeof(buf), NOTICE_SEND_MS);
+    BRAID_INFO("rank %d: told %d of %d peers that its call and peer %d's differ", pg->rank, told, pg->size - 1,
+               m->peer);
+    braid__error_set_text(text);
+}
+
+/* A mismatch notice from another member of this group, in words: 0 when
+ * any field is off. */
+static int mismatch_explain(const braid_pg *pg, const braid_coll *coll, const uint8_t *buf, size_t len)
+{
+    if (len != MISMATCH_BYTES || memcmp(buf, MISMATCH_MAGIC, 4) != 0 || braid__get_be32(buf + 12) != 0 ||
+        braid__get_be64(buf + 16) != pg->ctx.pg_tag)
+        return 0;
+    uint32_t finder = braid__get_be32(buf + 4), peer = braid__get_be32(buf + 8);
+    char a[160], b[160], mine[64];
+    if (finder >= (uint32_t)pg->size || (int)finder == pg->rank || peer >= (uint32_t)pg->size || peer == finder ||
+        !braid__fp_describe(buf + 24, a, sizeof(a)) || !braid__fp_describe(buf + 24 + BRAID_FP_BYTES, b, sizeof(b)))
+        return 0;
+    call_name(mine, sizeof(mine), braid__coll_job_name(coll), (int)coll->kind, coll->seq);
+    braid__error(BRAID_ERR_MISMATCH,
+                 "rank %d: %s failed: rank %u found that the ranks' calls differ: rank %u called %s but rank %u "
+                 "called %s",
+                 pg->rank, mine, (unsigned)finder, (unsigned)finder, a, (unsigned)peer, b);
+    return 1;
+}
+
 braid_status braid__refusal_explain(braid_pg *pg, const braid_coll *coll, braid_status st)
 {
     if (st != BRAID_ERR_PEER || pg->size < 2 || !pg->shrink || atomic_load(&pg->aborted))
         return st;
     char saved[512], why[128];
     snprintf(saved, sizeof(saved), "%s", braid_last_error());
-    uint8_t buf[NOTICE_BYTES + 1];
+    uint8_t buf[NOTICE_MAX + 1];
     size_t len = 0;
     notice n;
-    if (braid__shrink_notice_wait(pg, NOTICE_KEY, buf, sizeof(buf), &len, NOTICE_WAIT_MS) != BRAID_OK ||
-        !notice_decode(pg, coll->seq, buf, len, &n)) {
+    if (braid__shrink_notice_wait(pg, NOTICE_KEY, buf, sizeof(buf), &len, NOTICE_WAIT_MS) != BRAID_OK) {
+        braid__error_set_text(saved);
+        return st;
+    }
+    if (mismatch_explain(pg, coll, buf, len))
+        return BRAID_ERR_MISMATCH;
+    if (!notice_decode(pg, coll->seq, buf, len, &n)) {
         braid__error_set_text(saved);
         return st;
     }

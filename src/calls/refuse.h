@@ -20,6 +20,7 @@
 #define BRAID_REFUSE_H
 
 #include "braid.h"
+#include "algo/algo_ctx.h"
 #include "algo/coll.h"
 
 /* At a public entry point, after its argument checks failed with st and
@@ -38,6 +39,12 @@ braid_status braid__refuse_call(braid_pg *pg, braid_status st, braid_coll_kind k
 
 /* Executor side (dispatch): run a refusal job (coll->refused set). */
 braid_status braid__refusal_run(braid_pg *pg, const struct braid_coll *coll);
+
+/* This rank's call and peer m->peer's differ (BRAID_ERR_MISMATCH): leave
+ * both calls in every peer's store, as a refusal is, so that their calls
+ * fail naming both (BRAID_ERR_MISMATCH) instead of reading the links'
+ * close. Keeps the caller's error text. */
+void braid__mismatch_tell(braid_pg *pg, const braid_mismatch_seen *m);
 
 /* Peer side, when call coll failed with st: after BRAID_ERR_PEER (a peer
  * closed), a notice that a rank refused this call or an earlier one
