@@ -8,6 +8,7 @@
  * a hang), and two failures in a row. */
 #include <check.h>
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -400,16 +401,51 @@ END_TEST
 /* ---- a squatted shrink port ------------------------------------------------ */
 
 /* Rank 0 dies; rank 1 starts a process that binds rank 0's freed shrink
- * port before either survivor calls shrink: a silent listener (_i == 0)
- * or one that accepts and hangs up (_i == 1). It cannot prove membership,
- * so the survivors shrink to 2 anyway. */
+ * port before either survivor calls shrink: a silent listener (_i == 0),
+ * one that accepts and hangs up (_i == 1), or a relay that forwards every
+ * connection to rank 1's live shrink store (_i == 2), whose proof of the
+ * secret is genuine but names rank 1. None of them proves membership as
+ * rank 0, so the survivors shrink to 2 anyway. */
 #define SQUAT_TIMEOUT_MS 15000
 
 typedef struct {
-    int mode;    /* 0 silent, 1 accept and close */
+    int mode;    /* 0 silent, 1 accept and close, 2 relay to target */
     int ready;   /* 1: the squatter holds the port; -1: it could not bind */
     char addr[BRAID_SOCK_ADDR_STR];
+    char target[BRAID_SOCK_ADDR_STR];
 } squat_state;
+
+/* Copy bytes both ways between a and b until either side closes. */
+static void relay_pump(int a, int b)
+{
+    char buf[4096];
+    for (;;) {
+        struct pollfd p[2] = {{.fd = a, .events = POLLIN}, {.fd = b, .events = POLLIN}};
+        if (poll(p, 2, -1) < 0)
+            return;
+        for (int i = 0; i < 2; i++) {
+            if (!p[i].revents)
+                continue;
+            ssize_t n = read(p[i].fd, buf, sizeof(buf));
+            if (n <= 0 || write(p[1 - i].fd, buf, (size_t)n) != n)
+                return;
+        }
+    }
+}
+
+/* One relayed connection, in a child of its own. */
+static void relay_one(int c, const char *target)
+{
+    if (fork() != 0) {
+        close(c);
+        return;
+    }
+    braid_sockaddr t;
+    int fd = braid__sock_addr_parse(target, &t) == BRAID_OK ? socket(t.ss.ss_family, SOCK_STREAM, 0) : -1;
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&t.ss, t.len) == 0)
+        relay_pump(c, fd);
+    _exit(0);
+}
 
 static void squatter_main(squat_state *sq)
 {
@@ -426,7 +462,9 @@ static void squatter_main(squat_state *sq)
                     pause();
                 } else {
                     int c = accept(fd, NULL, NULL);
-                    if (c >= 0)
+                    if (c >= 0 && sq->mode == 2)
+                        relay_one(c, sq->target);
+                    else if (c >= 0)
                         close(c);
                 }
             }
@@ -452,9 +490,13 @@ static int squat_body(braid_pg *pg, void *arg)
     pid_t squatter = -1;
     if (me == 1) {
         snprintf(sq->addr, sizeof(sq->addr), "%s", braid__shrink_addr(pg, 0));
+        snprintf(sq->target, sizeof(sq->target), "%s", braid__shrink_addr(pg, 1));
         squatter = fork();
-        if (squatter == 0)
+        if (squatter == 0) {
+            setpgid(0, 0);
+            signal(SIGCHLD, SIG_IGN); /* relayed connections' children reap themselves */
             squatter_main(sq);
+        }
         if (squatter < 0)
             HARNESS_FAIL("rank 1: fork: %s", strerror(errno));
     }
@@ -467,6 +509,7 @@ static int squat_body(braid_pg *pg, void *arg)
     braid_status st = braid_pg_shrink(pg, -1, &np);
     double took = now_s() - t0;
     if (squatter > 0) {
+        kill(-squatter, SIGKILL); /* the relay's children too */
         kill(squatter, SIGKILL);
         waitpid(squatter, NULL, 0);
     }
@@ -511,7 +554,7 @@ int main(void)
     tcase_add_test(tc, test_two_failures);
     tcase_add_test(tc, test_latecomer_left_out);
     tcase_add_test(tc, test_stopped_rank0_times_out);
-    tcase_add_loop_test(tc, test_squatted_port, 0, 2);
+    tcase_add_loop_test(tc, test_squatted_port, 0, 3);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -15,7 +15,7 @@ typedef struct braid_store_server braid_store_server;
 typedef struct braid_store braid_store;
 
 /* Serve on listen_fd (bound and listening; the server takes ownership) from
- * a background thread until stopped. */
+ * a background thread until stopped, as rank 0's store. */
 braid_status braid__store_server_start(int listen_fd, const uint8_t secret[BRAID_SECRET_BYTES],
                                        braid_store_server **server);
 /* Same, for a job with these parameters (auth.h): a member whose own differ
@@ -23,13 +23,19 @@ braid_status braid__store_server_start(int listen_fd, const uint8_t secret[BRAID
  * so all of them stop at once instead of waiting for the odd one. */
 braid_status braid__store_server_start_job(int listen_fd, const uint8_t secret[BRAID_SECRET_BYTES],
                                            const braid_job_params *job, braid_store_server **server);
+/* Same, as rank `rank`'s store: its proven hello names that rank, so a
+ * client can tell it from another member's (braid__store_attach), and it
+ * refuses clients that aim at another rank's. */
+braid_status braid__store_server_start_as(int listen_fd, const uint8_t secret[BRAID_SECRET_BYTES],
+                                          const braid_job_params *job, int rank, braid_store_server **server);
 void braid__store_server_stop(braid_store_server *server);
 /* Stop once every client has disconnected, or after grace_ms: a rank that
  * finished init early must not take the store away from one still reading
  * its last answer. */
 void braid__store_server_stop_drained(braid_store_server *server, int grace_ms);
 
-/* Connect to host:port, retrying until timeout_ms (rank 0 may start last).
+/* Connect to rank 0's store at host:port, retrying until timeout_ms (rank 0
+ * may start last).
  * hello_ms > 0: a server that accepts but does not answer the handshake
  * within hello_ms fails with BRAID_ERR_PEER ("not a braid store"). */
 braid_status braid__store_connect(const char *host, int port, const uint8_t secret[BRAID_SECRET_BYTES],
@@ -40,12 +46,12 @@ braid_status braid__store_connect(const char *host, int port, const uint8_t secr
 braid_status braid__store_connect_job(const char *host, int port, const uint8_t secret[BRAID_SECRET_BYTES],
                                       const braid_job_params *job, int rank, int timeout_ms, int hello_ms,
                                       braid_store **store);
-braid_status braid__store_attach_job(int fd, const char *addr, const uint8_t secret[BRAID_SECRET_BYTES],
-                                     const braid_job_params *job, int rank, int timeout_ms, braid_store **store);
-/* Same over fd, already connected to the server at addr (text for
- * messages): authenticates only. The store takes fd, also on failure. */
+/* Same over fd, already connected to rank server_rank's store at addr
+ * (text for messages): authenticates only, and fails with BRAID_ERR_AUTH
+ * when the store that proves the secret is another rank's (a relay).
+ * The store takes fd, also on failure. */
 braid_status braid__store_attach(int fd, const char *addr, const uint8_t secret[BRAID_SECRET_BYTES], int rank,
-                                 int timeout_ms, braid_store **store);
+                                 int server_rank, int timeout_ms, braid_store **store);
 void braid__store_close(braid_store *store);
 
 braid_status braid__store_set(braid_store *store, const char *key, const void *value, size_t len);

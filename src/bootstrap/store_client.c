@@ -22,6 +22,7 @@
 struct braid_store {
     int fd;
     int rank;
+    int server_rank; /* whose store this must be: its proven hello says */
     int timeout_ms;
     int broken;
     char addr[BRAID_SOCK_ADDR_STR];
@@ -35,13 +36,22 @@ static braid_status store_handshake(braid_store *s, const uint8_t secret[BRAID_S
                                     const braid_job_params *job, int64_t deadline, braid_store **store)
 {
     braid_status st;
-    braid_hello self = {.role = BRAID_ROLE_STORE_CLIENT, .rank = s->rank, .target = 0}, peer;
+    braid_hello self = {.role = BRAID_ROLE_STORE_CLIENT, .rank = s->rank, .target = s->server_rank}, peer;
     if (job)
         self.job = *job;
     uint32_t result;
     BRAID_CHECK_GOTO(
         braid__auth_initiate(s->fd, secret, &self, BRAID_ROLE_STORE_SERVER, deadline, s->what, &peer, &result), st,
         err_close);
+    /* The hello is proven with the secret: a relay to another member's
+     * store (which names that member) is caught here. */
+    if (peer.rank != s->server_rank) {
+        st = braid__error(BRAID_ERR_AUTH,
+                          "%s: the store that answered proves to be rank %d's, not rank %d's: the connection is "
+                          "relayed to another member's store",
+                          s->what, peer.rank, s->server_rank);
+        goto err_close;
+    }
     char why[384], me[32];
     int bound;
     snprintf(me, sizeof(me), "rank %d (here)", s->rank);
@@ -130,13 +140,7 @@ err_free:
 }
 
 braid_status braid__store_attach(int fd, const char *addr, const uint8_t secret[BRAID_SECRET_BYTES], int rank,
-                                 int timeout_ms, braid_store **store)
-{
-    return braid__store_attach_job(fd, addr, secret, NULL, rank, timeout_ms, store);
-}
-
-braid_status braid__store_attach_job(int fd, const char *addr, const uint8_t secret[BRAID_SECRET_BYTES],
-                                     const braid_job_params *job, int rank, int timeout_ms, braid_store **store)
+                                 int server_rank, int timeout_ms, braid_store **store)
 {
     braid_store *s = calloc(1, sizeof(*s));
     if (!s) {
@@ -145,10 +149,11 @@ braid_status braid__store_attach_job(int fd, const char *addr, const uint8_t sec
     }
     s->fd = fd;
     s->rank = rank;
+    s->server_rank = server_rank;
     s->timeout_ms = timeout_ms;
     snprintf(s->addr, sizeof(s->addr), "%s", addr);
-    snprintf(s->what, sizeof(s->what), "rank %d: store at %s", rank, s->addr);
-    return store_handshake(s, secret, job, braid__now_ms() + (timeout_ms > 0 ? timeout_ms : 0), store);
+    snprintf(s->what, sizeof(s->what), "rank %d: rank %d's store at %s", rank, server_rank, s->addr);
+    return store_handshake(s, secret, NULL, braid__now_ms() + (timeout_ms > 0 ? timeout_ms : 0), store);
 }
 
 void braid__store_close(braid_store *s)

@@ -165,6 +165,8 @@ static uint32_t judge(braid_store_server *s, client *c)
 {
     char why[384], name[32];
     int bound;
+    if (c->hs.peer.target != s->rank)
+        return BRAID_AUTH_REJECT_RANK; /* it wants another member's store: relayed, or a stale address */
     if (formed(s))
         return judge_rank(s, c); /* another job's, whatever its parameters: the job is not failed */
     if (s->joined && c->hs.peer.job.size > 0 && (uint32_t)c->hs.peer.rank >= c->hs.peer.job.size) {
@@ -294,7 +296,7 @@ void braid__store_accept_clients(braid_store_server *s)
             return;
         }
         client *c = calloc(1, sizeof(*c));
-        braid_hello self = {.role = BRAID_ROLE_STORE_SERVER, .rank = 0, .target = -1, .job = s->job};
+        braid_hello self = {.role = BRAID_ROLE_STORE_SERVER, .rank = s->rank, .target = -1, .job = s->job};
         if (!c || braid__auth_accept_init(&c->hs, s->secret, &self, BRAID_ROLE_STORE_CLIENT) != BRAID_OK) {
             BRAID_WARN("store: cannot take a new connection: out of memory or randomness");
             free(c);

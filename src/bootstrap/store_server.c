@@ -169,6 +169,12 @@ braid_status braid__store_server_start(int listen_fd, const uint8_t secret[BRAID
 braid_status braid__store_server_start_job(int listen_fd, const uint8_t secret[BRAID_SECRET_BYTES],
                                            const braid_job_params *job, braid_store_server **server)
 {
+    return braid__store_server_start_as(listen_fd, secret, job, 0, server);
+}
+
+braid_status braid__store_server_start_as(int listen_fd, const uint8_t secret[BRAID_SECRET_BYTES],
+                                          const braid_job_params *job, int rank, braid_store_server **server)
+{
     braid_status st;
     braid_store_server *s = calloc(1, sizeof(*s));
     if (!s) {
@@ -176,6 +182,7 @@ braid_status braid__store_server_start_job(int listen_fd, const uint8_t secret[B
         goto err_close_listen;
     }
     s->listen_fd = listen_fd;
+    s->rank = rank;
     memcpy(s->secret, secret, BRAID_SECRET_BYTES);
     if (job && job->size > 0) {
         s->job = *job;

@@ -51,6 +51,7 @@ typedef struct entry {
 
 struct braid_store_server {
     int listen_fd;
+    int rank; /* whose store: named in the proven hello, and the clients' target */
     int wake[2];
     pthread_t thread;
     uint8_t secret[BRAID_SECRET_BYTES];

@@ -96,7 +96,7 @@ braid_status braid__shrink_prepare(braid_pg *pg, const braid_config *cfg)
     /* Sized for every rank probing and registering at once; the size is
      * not compared (callers state none). */
     braid_job_params sized = {.size = (uint32_t)pg->size};
-    BRAID_CHECK(braid__store_server_start_job(fd, pg->ctx.secret, &sized, &s->server));
+    BRAID_CHECK(braid__store_server_start_as(fd, pg->ctx.secret, &sized, pg->rank, &s->server));
 
     char key[64];
     size_t len;

@@ -99,7 +99,8 @@ static braid_status serve(braid_pg *pg, struct braid_shrink *s, int64_t deadline
     if (probe(s->addr[pg->rank], deadline, &conn, &err) != PROBE_LIVE)
         return braid__error(BRAID_ERR_SYSTEM, "rank %d: shrink: cannot connect to its own store at %s: %s", pg->rank,
                             s->addr[pg->rank], strerror(err));
-    return braid__store_attach(conn, s->addr[pg->rank], pg->ctx.secret, pg->rank, braid__ms_until(deadline), store);
+    return braid__store_attach(conn, s->addr[pg->rank], pg->ctx.secret, pg->rank, pg->rank, braid__ms_until(deadline),
+                               store);
 }
 
 /* After a connect (PROBE_LIVE, fd): does the endpoint prove membership?
@@ -112,7 +113,7 @@ static probe_result prove_member(braid_pg *pg, struct braid_shrink *s, int c, in
 {
     int left = braid__ms_until(deadline);
     braid_store *got = NULL;
-    *st = braid__store_attach(fd, s->addr[c], pg->ctx.secret, pg->rank, left < PROBE_AUTH_MS ? left : PROBE_AUTH_MS,
+    *st = braid__store_attach(fd, s->addr[c], pg->ctx.secret, pg->rank, c, left < PROBE_AUTH_MS ? left : PROBE_AUTH_MS,
                               &got);
     if (*st == BRAID_OK) {
         if (store)
@@ -369,7 +370,7 @@ int braid__shrink_notice_send(braid_pg *pg, const char *key, const void *value, 
         if (p == pg->rank || probe(s->addr[p], one < deadline ? one : deadline, &fd, &err) != PROBE_LIVE)
             continue;
         int left = braid__ms_until(deadline);
-        if (braid__store_attach(fd, s->addr[p], pg->ctx.secret, pg->rank, left > 0 ? left : 1, &st) != BRAID_OK)
+        if (braid__store_attach(fd, s->addr[p], pg->ctx.secret, pg->rank, p, left > 0 ? left : 1, &st) != BRAID_OK)
             continue;
         told += braid__store_set(st, key, value, len) == BRAID_OK;
         braid__store_close(st);
