@@ -6,6 +6,8 @@
  * MASTER_ADDR, MASTER_PORT); each one's stderr (braid's log) goes to a file
  * the test reads back. */
 #include <check.h>
+#include <signal.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
@@ -568,6 +570,57 @@ START_TEST(test_launch_env_wrong_on_one_rank)
 }
 END_TEST
 
+/* A stranger floods the store's port while the job forms: a process that
+ * connects as fast as it can, keeps up to FLOOD_HELD connections open
+ * (silent) and closes the oldest to make room. Every start must still
+ * succeed: a member's connection is never the one evicted once its hello
+ * has arrived, and a member that is dropped before retries. */
+#define FLOOD_HELD 2000
+#define FLOOD_STARTS 3
+
+static void flooder_main(int port)
+{
+    static int fds[FLOOD_HELD];
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    for (int i = 0; i < FLOOD_HELD; i++)
+        fds[i] = -1;
+    for (long n = 0;; n++) {
+        int *slot = &fds[n % FLOOD_HELD];
+        if (*slot >= 0)
+            close(*slot);
+        *slot = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        if (*slot >= 0 && connect(*slot, (struct sockaddr *)&a, sizeof(a)) != 0 && errno != EINPROGRESS) {
+            close(*slot);
+            *slot = -1;
+            usleep(1000); /* the store is not up yet */
+        }
+    }
+}
+
+START_TEST(test_start_under_flood)
+{
+    setenv("BRAID_INIT_TIMEOUT_MS", "30000", 1);
+    for (int t = 0; t < FLOOD_STARTS; t++) {
+        int port = harness_free_port_pair();
+        pid_t flooder = fork();
+        ck_assert_int_ge(flooder, 0);
+        if (flooder == 0) {
+            alarm(DEADLINE_S);
+            flooder_main(port + 1);
+        }
+        rank_result res[NRANKS];
+        run_ranks(port, 0x7, NULL, res);
+        kill(flooder, SIGKILL);
+        waitpid(flooder, NULL, 0);
+        for (int r = 0; r < world; r++)
+            ck_assert_msg(res[r].status == BRAID_OK, "start %d, rank %d: status %d after %ld ms: %s", t, r,
+                          res[r].status, res[r].elapsed_ms, res[r].error);
+    }
+    unsetenv("BRAID_INIT_TIMEOUT_MS");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("startup");
@@ -581,6 +634,7 @@ int main(void)
     tcase_add_loop_test(tc, test_params_mismatch, 0, (int)(sizeof(mismatch_cases) / sizeof(mismatch_cases[0])));
     tcase_add_test(tc, test_unproven_claim_fails_nobody);
     tcase_add_test(tc, test_two_jobs_one_port);
+    tcase_add_test(tc, test_start_under_flood);
     tcase_add_test(tc, test_rank_started_twice);
     tcase_add_loop_test(tc, test_launch_env_wrong_on_one_rank, 0, (int)(sizeof(launch_cases) / sizeof(launch_cases[0])));
     suite_add_tcase(s, tc);

@@ -633,6 +633,79 @@ START_TEST(shm_strangers_never_delay)
 }
 END_TEST
 
+/* A process of our own keeps up to 100 silent connections open on rank 0's
+ * shared-memory listener, closing the oldest and opening another as fast as
+ * it can, while ranks 1 to 4 dial in turn. Each connection is made on both
+ * sides or on neither: every dial that succeeds is accepted, and a message
+ * crosses it. */
+#define SHM_FLOOD_HELD 100
+#define SHM_FLOOD_RANKS 5
+
+static void shm_flooder(const char *addr)
+{
+    int fds[SHM_FLOOD_HELD];
+    for (int i = 0; i < SHM_FLOOD_HELD; i++)
+        fds[i] = -1;
+    for (long n = 0;; n++) {
+        int *slot = &fds[n % SHM_FLOOD_HELD];
+        if (*slot >= 0)
+            close(*slot);
+        *slot = unix_connect(addr);
+    }
+}
+
+static void exchange_one(braid_conn *a, braid_conn *b, int value)
+{
+    int got = -1;
+    braid_req sr, rr;
+    ck_assert_int_eq(b->ops->irecv(b, &rr, &got, sizeof(got)), BRAID_OK);
+    ck_assert_int_eq(a->ops->isend(a, &sr, &value, sizeof(value)), BRAID_OK);
+    int sd = 0, rd = 0;
+    int64_t until = braid__now_ms() + 5000;
+    while ((!sd || !rd) && braid__now_ms() < until) {
+        if (!sd)
+            ck_assert_int_eq(a->ops->test(&sr, &sd), BRAID_OK);
+        if (!rd)
+            ck_assert_int_eq(b->ops->test(&rr, &rd), BRAID_OK);
+    }
+    ck_assert_msg(sd && rd && got == value, "message %d: sent %d, received %d (got %d)", value, sd, rd, got);
+}
+
+START_TEST(shm_flood_own_uid)
+{
+    braid_transport_ctx c0 = shm_ctx(0);
+    c0.size = SHM_FLOOD_RANKS;
+    braid_listener *l;
+    char addr[BRAID_ADDR_MAX] = {0};
+    ck_assert_int_eq(braid__shm_ops.listen(&c0, &l, addr), BRAID_OK);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        alarm(60);
+        shm_flooder(addr);
+    }
+    usleep(100000); /* the flood stands before the first member dials */
+    for (int r = 1; r < SHM_FLOOD_RANKS; r++) {
+        braid_transport_ctx cr = shm_ctx(r);
+        cr.size = SHM_FLOOD_RANKS;
+        braid_conn *dialled, *accepted;
+        int64_t t0 = braid__now_ms();
+        braid_status st = braid__shm_ops.connect(&cr, 0, addr, 20000, &dialled);
+        ck_assert_msg(st == BRAID_OK, "rank %d could not dial rank 0: %s", r, braid_last_error());
+        st = braid__shm_ops.accept(l, r, 20000, &accepted);
+        ck_assert_msg(st == BRAID_OK, "rank %d dialled, but rank 0 did not accept it: %s", r, braid_last_error());
+        ck_assert_msg(braid__now_ms() - t0 < 15000, "rank %d took %lld ms", r, (long long)(braid__now_ms() - t0));
+        exchange_one(dialled, accepted, r);
+        exchange_one(accepted, dialled, -r);
+        dialled->ops->close(dialled);
+        accepted->ops->close(accepted);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    l->ops->close_listener(l);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("strangers");
@@ -640,6 +713,7 @@ int main(void)
     tcase_set_timeout(store, 60);
     tcase_add_test(store, store_no_oracle_growing_delay);
     tcase_add_test(store, store_flood_capped);
+    tcase_add_test(store, shm_flood_own_uid);
     tcase_add_test(store, store_stop_ignores_strangers);
     tcase_add_test(store, tcp_listener_strangers);
     suite_add_tcase(s, store);

@@ -1,6 +1,7 @@
 /* Rendezvous store client: blocking requests with deadlines over one
  * authenticated connection. A failed transfer leaves the stream out of
  * step, so it marks the client broken and later calls fail fast. */
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +17,8 @@
 
 /* Extra time a GET waits for the server's own timeout answer. */
 #define GET_REPLY_MARGIN_MS 5000
+/* Pause before connecting again after the store dropped us, per attempt. */
+#define DROPPED_RETRY_MS 20
 /* Longest reason a FAILED reply may carry. */
 #define FAILED_TEXT_MAX 1024
 
@@ -30,8 +33,8 @@ struct braid_store {
     pthread_mutex_t mu;
 };
 
-/* Authenticate over the connected fd and wrap it; takes fd, also on
- * failure. s->addr / s->what are already set. */
+/* Authenticate over the connected fd and wrap it; closes fd on failure
+ * (s->fd = -1) and leaves s to the caller. s->addr / s->what are set. */
 static braid_status store_handshake(braid_store *s, const uint8_t secret[BRAID_SECRET_BYTES],
                                     const braid_job_params *job, int64_t deadline, braid_store **store)
 {
@@ -62,21 +65,21 @@ static braid_status store_handshake(braid_store *s, const uint8_t secret[BRAID_S
     }
     if (result == BRAID_AUTH_REJECT_FORMED) {
         st = braid__error(BRAID_ERR_MISMATCH,
-                                "%s: refused: every rank of that store's job (%u ranks) has joined it already: it is "
-                                "another job's store, on this job's port; give each job its own port",
-                                s->what, (unsigned)peer.job.size);
+                          "%s: refused: every rank of that store's job (%u ranks) has joined it already: it is "
+                          "another job's store, on this job's port; give each job its own port",
+                          s->what, (unsigned)peer.job.size);
         goto err_close;
     }
     if (result == BRAID_AUTH_REJECT_TAKEN) {
         st = braid__error(BRAID_ERR_MISMATCH,
-                                "%s: refused: another connected process holds rank %d there, and the store fails "
-                                "its job: two processes were given one RANK, or two jobs share the port",
-                                s->what, s->rank);
+                          "%s: refused: another connected process holds rank %d there, and the store fails its "
+                          "job: two processes were given one RANK, or two jobs share the port",
+                          s->what, s->rank);
         goto err_close;
     }
     if (result == BRAID_AUTH_REJECT_RANK && job) {
         st = braid__error(BRAID_ERR_MISMATCH, "%s: refused: rank %d is out of range for its job of %u ranks",
-                                s->what, s->rank, (unsigned)peer.job.size);
+                          s->what, s->rank, (unsigned)peer.job.size);
         goto err_close;
     }
     if (result != BRAID_AUTH_ACCEPTED) {
@@ -93,7 +96,7 @@ static braid_status store_handshake(braid_store *s, const uint8_t secret[BRAID_S
 
 err_close:
     close(s->fd);
-    free(s);
+    s->fd = -1;
     return st;
 }
 
@@ -119,20 +122,34 @@ braid_status braid__store_connect_job(const char *host, int port, const uint8_t 
     BRAID_CHECK_GOTO(braid__sock_resolve(host, port, &addr), st, err_free);
     braid__sock_addr_format(&addr, s->addr, sizeof(s->addr));
     snprintf(s->what, sizeof(s->what), "rank %d: store at %s", rank, s->addr);
-    BRAID_CHECK_GOTO(braid__sock_connect(&addr, deadline, s->what, &s->fd), st, err_free);
-    /* A braid store answers the handshake at once; whatever accepted the
-     * connection and stays silent is not one (another program on the
-     * port), and waiting out the whole timeout would hide that. */
-    int64_t hello_deadline = deadline;
-    if (hello_ms > 0 && braid__now_ms() + hello_ms < deadline)
-        hello_deadline = braid__now_ms() + hello_ms;
-    st = store_handshake(s, secret, job, hello_deadline, store);
-    if (st == BRAID_ERR_TIMEOUT && hello_deadline < deadline)
-        return braid__error_quiet(BRAID_ERR_PEER,
-                                  "rank %d: the program at %s:%d accepted the connection but did not answer braid's "
-                                  "store handshake within %d ms: not a braid store",
-                                  rank, host, port, hello_ms);
-    return st;
+    /* A busy store (a flood of strangers' connections) may drop ours
+     * before its hello is read: connect again while time is left. */
+    for (int attempt = 1;; attempt++) {
+        BRAID_CHECK_GOTO(braid__sock_connect(&addr, deadline, s->what, &s->fd), st, err_free);
+        /* A braid store answers the handshake at once; whatever accepted the
+         * connection and stays silent is not one (another program on the
+         * port), and waiting out the whole timeout would hide that. */
+        int64_t hello_deadline = deadline;
+        if (hello_ms > 0 && braid__now_ms() + hello_ms < deadline)
+            hello_deadline = braid__now_ms() + hello_ms;
+        st = store_handshake(s, secret, job, hello_deadline, store);
+        if (st == BRAID_OK)
+            return st;
+        if (st == BRAID_ERR_TIMEOUT && hello_deadline < deadline) {
+            free(s);
+            return braid__error_quiet(BRAID_ERR_PEER,
+                                      "rank %d: the program at %s:%d accepted the connection but did not answer "
+                                      "braid's store handshake within %d ms: not a braid store",
+                                      rank, host, port, hello_ms);
+        }
+        int64_t pause = DROPPED_RETRY_MS * (attempt < 8 ? attempt : 8);
+        if (st != BRAID_ERR_PEER || braid__now_ms() + pause >= deadline)
+            goto err_free;
+        BRAID_INFO("rank %d: the store at %s dropped the connection during the handshake (attempt %d: %s); "
+                   "connecting again",
+                   rank, s->addr, attempt, braid__error_detail());
+        poll(NULL, 0, (int)pause);
+    }
 
 err_free:
     free(s);
@@ -153,7 +170,10 @@ braid_status braid__store_attach(int fd, const char *addr, const uint8_t secret[
     s->timeout_ms = timeout_ms;
     snprintf(s->addr, sizeof(s->addr), "%s", addr);
     snprintf(s->what, sizeof(s->what), "rank %d: rank %d's store at %s", rank, server_rank, s->addr);
-    return store_handshake(s, secret, NULL, braid__now_ms() + (timeout_ms > 0 ? timeout_ms : 0), store);
+    braid_status st = store_handshake(s, secret, NULL, braid__now_ms() + (timeout_ms > 0 ? timeout_ms : 0), store);
+    if (st != BRAID_OK)
+        free(s);
+    return st;
 }
 
 void braid__store_close(braid_store *s)

@@ -262,16 +262,24 @@ void braid__store_step_handshake(braid_store_server *s, client *c)
     }
 }
 
-/* Make room for a newcomer: drop the oldest unproven connection (of host,
- * or of anybody when NULL), one whose proof failed first. The list runs
- * newest first. */
+/* Which unproven connection goes first when room is needed: one whose
+ * proof failed, then one that has sent nothing, and only then one whose
+ * hello has arrived (a member's, a round trip from its proof). */
+static int evict_tier(const client *c)
+{
+    return c->state == CL_DELAY ? 0 : c->hs.bytes_in == 0 ? 1 : 2;
+}
+
+/* Make room for a newcomer: drop the oldest unproven connection of the
+ * lowest tier (of host, or of anybody when NULL). The list runs newest
+ * first. */
 static void evict_oldest(braid_store_server *s, const char *host)
 {
     client *victim = NULL;
     for (client *c = s->clients; c; c = c->next) {
         if (!c->unproven || c->state == CL_DEAD || (host && strcmp(c->host, host) != 0))
             continue;
-        if (!victim || c->state == CL_DELAY || victim->state != CL_DELAY)
+        if (!victim || evict_tier(c) <= evict_tier(victim))
             victim = c;
     }
     if (victim) {
@@ -282,7 +290,10 @@ static void evict_oldest(braid_store_server *s, const char *host)
 
 void braid__store_accept_clients(braid_store_server *s)
 {
-    for (;;) {
+    /* A bounded batch: between batches the loop reads the hellos that have
+     * arrived, so a member accepted amid a flood shows itself before the
+     * next newcomers need room. */
+    for (int taken = 0; taken < ACCEPT_BATCH; taken++) {
         braid_sockaddr a;
         a.len = sizeof(a.ss);
         int fd = accept4(s->listen_fd, (struct sockaddr *)&a.ss, &a.len, SOCK_NONBLOCK | SOCK_CLOEXEC);

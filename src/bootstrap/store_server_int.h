@@ -17,6 +17,7 @@
 #include "store_wire.h"
 
 #define ACCEPT_PAUSE_MS 100 /* after EMFILE: let fds free up instead of spinning */
+#define ACCEPT_BATCH 32     /* connections accepted per turn of the loop */
 
 /* CL_DELAY: a wrong proof, held silently until its deadline, then closed. */
 typedef enum { CL_HANDSHAKE, CL_HEADER, CL_BODY, CL_PARKED, CL_REPLY, CL_DELAY, CL_DEAD } client_state;

@@ -37,7 +37,8 @@
 
 #define ADDR_PREFIX "unix:@"
 #define RETRY_MS 5
-#define PENDING_MAX 64 /* sockets in set-up at once; beyond, the oldest goes */
+#define PENDING_MAX 64 /* sockets in set-up at once; beyond, the oldest unproven goes */
+#define SETUP_ACK "K"  /* the listener's last word of the set-up: the connection is parked */
 
 /* An incoming socket on its way to a parked connection. */
 typedef struct {
@@ -184,6 +185,14 @@ static void finish_setup(shm_listener *l, int i)
     if (braid__shm_conn_create(l->core.ctx.rank, rank, 1, p->fd, fds[0], efd, (size_t)setup.ring_bytes, &c) != BRAID_OK)
         goto err_close_fds;
     p->fd = -1; /* the connection owns it now */
+    /* The dialler counts itself connected only on this byte: a socket we
+     * drop during set-up is never a connection one side believes in. */
+    if (send(c->sock, SETUP_ACK, 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) {
+        braid__error_quiet(BRAID_ERR_PEER, "acknowledging the shared-memory set-up: %m");
+        braid__shm_close(&c->base);
+        pending_drop(l, i, braid_last_error());
+        return;
+    }
     pthread_mutex_lock(&l->core.mu);
     l->parked[rank] = c; /* claimed by this socket alone: the slot is empty */
     pthread_cond_broadcast(&l->core.cv);
@@ -265,11 +274,26 @@ static void accept_new(shm_listener *l)
             continue;
         }
         if (l->npend == PENDING_MAX) {
-            int oldest = 0;
-            for (int i = 1; i < l->npend; i++)
-                if (l->pend[i].deadline < l->pend[oldest].deadline)
+            /* Room from the oldest socket that has not proven the secret,
+             * one that has sent nothing first; a member's, once proven, is
+             * never the one dropped. With none, the newcomer waits its turn:
+             * its dialler connects again. */
+            int oldest = -1;
+            for (int i = 0; i < l->npend; i++) {
+                const pending *p = &l->pend[i], *o = oldest >= 0 ? &l->pend[oldest] : NULL;
+                if (p->claimed >= 0 || p->setup)
+                    continue;
+                if (!o || (p->hs.bytes_in == 0) > (o->hs.bytes_in == 0) ||
+                    ((p->hs.bytes_in == 0) == (o->hs.bytes_in == 0) && p->deadline < o->deadline))
                     oldest = i;
-            pending_drop(l, oldest, "too many connections in set-up: oldest dropped");
+            }
+            if (oldest < 0) {
+                BRAID_INFO("rank %d: %d shared-memory connections in set-up, all proven: a newcomer waits",
+                           l->core.ctx.rank, l->npend);
+                close(fd);
+                continue;
+            }
+            pending_drop(l, oldest, "too many connections in set-up: oldest unproven dropped");
         }
         pending *p = &l->pend[l->npend];
         braid_hello self = {
@@ -463,25 +487,54 @@ static braid_status send_setup(int fd, size_t ring_bytes, const int fds[3], int6
     }
 }
 
-braid_status braid__shm_connect(const braid_transport_ctx *ctx, int peer, const char *addr, int timeout_ms,
-                                braid_conn **conn)
+/* The listener's acknowledgement of our set-up: 1 when it came, 0 when
+ * the listener dropped the socket first (it was full of connections in
+ * set-up), or an error. */
+static braid_status await_ack(int fd, int64_t deadline, const char *what, int *acked)
+{
+    for (;;) {
+        char b;
+        ssize_t n = recv(fd, &b, 1, MSG_DONTWAIT);
+        if (n == 1 && b == SETUP_ACK[0]) {
+            *acked = 1;
+            return BRAID_OK;
+        }
+        if (n == 1)
+            return braid__error(BRAID_ERR_PEER, "%s: the listener answered the set-up with byte 0x%02x", what,
+                                (unsigned char)b);
+        if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+            *acked = 0;
+            return BRAID_OK;
+        }
+        int left = braid__ms_until(deadline);
+        if (left == 0)
+            return braid__error(BRAID_ERR_TIMEOUT, "%s: the listener did not acknowledge the set-up in time", what);
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        poll(&p, 1, left);
+    }
+}
+
+/* One attempt: *dropped when the listener closed the socket before it
+ * proved itself or acknowledged the set-up (busy: try again). */
+static braid_status connect_once(const braid_transport_ctx *ctx, int peer, const struct sockaddr_un *sa,
+                                 socklen_t salen, int timeout_ms, int64_t deadline, const char *what,
+                                 braid_conn **conn, int *dropped)
 {
     braid_status st;
-    char what[BRAID_ADDR_MAX + 64];
-    snprintf(what, sizeof(what), "rank %d: shared-memory peer %d (%s)", ctx->rank, peer, addr);
-    struct sockaddr_un sa;
-    socklen_t salen;
-    BRAID_CHECK(addr_parse(addr, &sa, &salen));
-    if (timeout_ms <= 0)
-        timeout_ms = ctx->timeout_ms > 0 ? ctx->timeout_ms : 300000;
-    int64_t deadline = braid__now_ms() + timeout_ms;
     int fd = -1;
-    /* Retry while the peer is not listening yet or its backlog is full. */
+    *dropped = 0;
+    /* Retry while the peer is not listening yet. A full backlog is waited
+     * for in connect() itself, bounded by SO_SNDTIMEO: the kernel queues
+     * the waiters, where polling again would lose every race to a process
+     * that floods the listener with blocking connects. */
     for (;;) {
-        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (fd < 0)
             return braid__error(BRAID_ERR_SYSTEM, "%s: unix socket: %m", what);
-        if (connect(fd, (struct sockaddr *)&sa, salen) == 0)
+        int left = braid__ms_until(deadline);
+        struct timeval tv = {.tv_sec = (left > 0 ? left : 1) / 1000, .tv_usec = ((left > 0 ? left : 1) % 1000) * 1000};
+        if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) == 0 &&
+            connect(fd, (const struct sockaddr *)sa, salen) == 0 && braid__sock_set_nonblock(fd) == BRAID_OK)
             break;
         int err = errno;
         close(fd);
@@ -499,8 +552,11 @@ braid_status braid__shm_connect(const braid_transport_ctx *ctx, int peer, const 
                         .sock_index = 0, .nsocks = 1};
     braid_hello ph;
     uint32_t result;
-    BRAID_CHECK_GOTO(braid__auth_initiate(fd, ctx->secret, &self, BRAID_ROLE_TCP_ACCEPT, deadline, what, &ph, &result),
-                     st, err_close_sock);
+    st = braid__auth_initiate(fd, ctx->secret, &self, BRAID_ROLE_TCP_ACCEPT, deadline, what, &ph, &result);
+    if (st != BRAID_OK) {
+        *dropped = st == BRAID_ERR_PEER;
+        goto err_close_sock;
+    }
     if (ph.rank != peer || ph.pg_tag != ctx->pg_tag) {
         st = braid__error(BRAID_ERR_AUTH, "%s: answered as rank %d of group %016" PRIx64, what, (int)ph.rank,
                           ph.pg_tag);
@@ -510,10 +566,16 @@ braid_status braid__shm_connect(const braid_transport_ctx *ctx, int peer, const 
         st = braid__error(BRAID_ERR_AUTH, "%s: refused us: %s", what, braid__auth_result_string(result));
         goto err_close_sock;
     }
-    int memfd, efd[2];
+    int memfd, efd[2], acked = 0;
     BRAID_CHECK_GOTO(braid__shm_region_create(ctx->rank, peer, BRAID_SHM_RING_BYTES, &memfd, efd), st, err_close_sock);
     int fds[3] = {memfd, efd[0], efd[1]};
     BRAID_CHECK_GOTO(send_setup(fd, BRAID_SHM_RING_BYTES, fds, deadline, what), st, err_close_region);
+    BRAID_CHECK_GOTO(await_ack(fd, deadline, what, &acked), st, err_close_region);
+    if (!acked) {
+        *dropped = 1;
+        st = braid__error_quiet(BRAID_ERR_PEER, "%s: the listener dropped the connection during set-up", what);
+        goto err_close_region;
+    }
     braid_shm_conn *c;
     BRAID_CHECK_GOTO(braid__shm_conn_create(ctx->rank, peer, 0, fd, memfd, efd, BRAID_SHM_RING_BYTES, &c), st,
                      err_close_region);
@@ -528,4 +590,27 @@ err_close_region:
 err_close_sock:
     close(fd);
     return st;
+}
+
+braid_status braid__shm_connect(const braid_transport_ctx *ctx, int peer, const char *addr, int timeout_ms,
+                                braid_conn **conn)
+{
+    char what[BRAID_ADDR_MAX + 64];
+    snprintf(what, sizeof(what), "rank %d: shared-memory peer %d (%s)", ctx->rank, peer, addr);
+    struct sockaddr_un sa;
+    socklen_t salen;
+    BRAID_CHECK(addr_parse(addr, &sa, &salen));
+    if (timeout_ms <= 0)
+        timeout_ms = ctx->timeout_ms > 0 ? ctx->timeout_ms : 300000;
+    int64_t deadline = braid__now_ms() + timeout_ms;
+    for (int attempt = 1;; attempt++) {
+        int dropped;
+        braid_status st = connect_once(ctx, peer, &sa, salen, timeout_ms, deadline, what, conn, &dropped);
+        int pause = RETRY_MS * (attempt < 8 ? attempt : 8);
+        if (st == BRAID_OK || !dropped || braid__ms_until(deadline) <= pause)
+            return st;
+        BRAID_INFO("%s: the listener dropped the connection before it was made (attempt %d): connecting again",
+                   what, attempt);
+        poll(NULL, 0, pause);
+    }
 }
