@@ -419,8 +419,10 @@ START_TEST(test_params_mismatch)
 END_TEST
 
 /* Rank 2 reads another key file: its secret differs, and its claim does
- * not verify under rank 0's key. An unproven claim must not fail the job:
- * rank 2 fails at once naming the cause; the others wait for a rank 2
+ * not verify under rank 0's key. An unproven claim must not fail the job,
+ * and the store shows nothing derived from its secret to a process that
+ * has not proven it: rank 2 fails at once, its proof refused, naming the
+ * likely cause from its own secret's source; the others wait for a rank 2
  * until the init timeout, as they would for any stranger. */
 START_TEST(test_unproven_claim_fails_nobody)
 {
@@ -435,8 +437,9 @@ START_TEST(test_unproven_claim_fails_nobody)
     setenv("BRAID_INIT_TIMEOUT_MS", "3000", 1);
     rank_result res[NRANKS];
     run_ranks(port, 0x7, NULL, res);
-    ck_assert_msg(res[2].status == BRAID_ERR_MISMATCH, "rank 2: status %d: %s", res[2].status, res[2].error);
-    ASSERT_HAS(res[2].error, "the hosts do not share the key file (BRAID_KEY_FILE)");
+    ck_assert_msg(res[2].status == BRAID_ERR_AUTH, "rank 2: status %d: %s", res[2].status, res[2].error);
+    ASSERT_HAS(res[2].error, "did not accept our proof of the job secret (the hosts do not share the key file "
+                             "(BRAID_KEY_FILE), or the port is another job's)");
     ck_assert_msg(res[2].elapsed_ms < 2000, "rank 2 failed after %ld ms", res[2].elapsed_ms);
     for (int r = 0; r < 2; r++) {
         ck_assert_msg(res[r].status == BRAID_ERR_TIMEOUT, "rank %d: status %d: %s", r, res[r].status, res[r].error);

@@ -1,7 +1,8 @@
 /* Strangers: the attacks of a local user of another uid and of anybody who
  * can reach a port, each performed against the real code.
- *  - the store proves nothing to a connection that has not proven first, and
- *    wrong proofs wait ever longer for their close;
+ *  - the store proves nothing to a connection that has not proven first,
+ *    shows it no secret id, and wrong proofs wait ever longer for their
+ *    close;
  *  - a flood of silent connections costs the store at most its cap, and a
  *    member is served meanwhile; stopping the store waits for members only;
  *  - the per-user key file is private (0600), shared by concurrent first
@@ -133,6 +134,45 @@ START_TEST(store_no_oracle_growing_delay)
     ck_assert_int_eq(braid__store_set(c, "k", "v", 1), BRAID_OK);
     ck_assert_int_lt(braid__now_ms() - t0, 1000);
     braid__store_close(c);
+    braid__store_server_stop(srv);
+}
+END_TEST
+
+/* A job's store states its parameters in its hello, but no secret id: a
+ * stranger who connects (here with a hello of its own and nothing more)
+ * gets nothing derived from the secret to test guesses against offline. */
+START_TEST(store_hello_shows_no_secret_id)
+{
+    int fd0, port;
+    ck_assert_int_eq(braid__sock_listen("127.0.0.1", 0, &fd0, &port), BRAID_OK);
+    braid_job_params job = {.size = 3, .source = BRAID_SECRET_ENV, .secret_id = braid__secret_id(secret)};
+    ck_assert_uint_ne(job.secret_id, 0);
+    braid_store_server *srv;
+    ck_assert_int_eq(braid__store_server_start_job(fd0, secret, &job, &srv), BRAID_OK);
+    int fd = raw_connect(port);
+    ck_assert_int_ge(fd, 0);
+    braid_hello h = {.version = BRAID_WIRE_VERSION, .role = BRAID_ROLE_STORE_CLIENT, .rank = 1, .nsocks = 1,
+                     .job = {.size = 3, .source = BRAID_SECRET_ENV, .secret_id = 12345}};
+    ck_assert_int_eq(braid__random_bytes(h.nonce, sizeof(h.nonce)), BRAID_OK);
+    uint8_t out[BRAID_HELLO_BYTES], in[BRAID_HELLO_BYTES];
+    braid__hello_encode(&h, out);
+    ck_assert_int_eq(send(fd, out, sizeof(out), MSG_NOSIGNAL), (ssize_t)sizeof(out));
+    size_t got = 0;
+    while (got < BRAID_HELLO_BYTES) {
+        ssize_t n = read_within(fd, in + got, BRAID_HELLO_BYTES - got, 5000);
+        ck_assert_int_gt(n, 0);
+        got += (size_t)n;
+    }
+    braid_hello a;
+    ck_assert_int_eq(braid__hello_decode(in, BRAID_HELLO_BYTES, &a), BRAID_OK);
+    ck_assert_int_eq(a.role, BRAID_ROLE_STORE_SERVER);
+    ck_assert_uint_eq(a.job.size, 3);
+    ck_assert_uint_eq(a.job.source, BRAID_SECRET_ENV);
+    ck_assert_uint_eq(a.job.secret_id, 0);
+    /* Every other byte of the hello is the store's nonce or a stated
+     * parameter: the id field is all zero on the wire. */
+    ck_assert_int_eq(in[52] | in[53] | in[54] | in[55], 0);
+    close(fd);
     braid__store_server_stop(srv);
 }
 END_TEST
@@ -713,6 +753,7 @@ int main(void)
     tcase_set_timeout(store, 60);
     tcase_add_test(store, store_no_oracle_growing_delay);
     tcase_add_test(store, store_flood_capped);
+    tcase_add_test(store, store_hello_shows_no_secret_id);
     tcase_add_test(store, shm_flood_own_uid);
     tcase_add_test(store, store_stop_ignores_strangers);
     tcase_add_test(store, tcp_listener_strangers);

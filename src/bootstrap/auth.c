@@ -35,7 +35,7 @@ void braid__hello_encode(const braid_hello *h, uint8_t out[BRAID_HELLO_BYTES])
     memcpy(out, BRAID_HELLO_MAGIC, 4);
     braid__put_be16(out + 4, h->version);
     out[6] = h->role;
-    out[7] = 0;
+    out[7] = h->flags;
     braid__put_be32(out + 8, (uint32_t)h->rank);
     braid__put_be32(out + 12, (uint32_t)h->target);
     braid__put_be64(out + 16, h->pg_tag);
@@ -76,6 +76,7 @@ braid_status braid__hello_decode(const uint8_t *buf, size_t len, braid_hello *h)
     braid_hello t;
     t.version = braid__get_be16(buf + 4);
     t.role = buf[6];
+    t.flags = buf[7];
     t.rank = (int32_t)braid__get_be32(buf + 8);
     t.target = (int32_t)braid__get_be32(buf + 12);
     t.pg_tag = braid__get_be64(buf + 16);
@@ -95,7 +96,7 @@ braid_status braid__hello_decode(const uint8_t *buf, size_t len, braid_hello *h)
                                   BRAID_WIRE_VERSION);
     if (t.role < 1 || t.role > BRAID_ROLE_MAX)
         return braid__error_quiet(BRAID_ERR_AUTH, "unknown role %u in hello", t.role);
-    if (buf[7] != 0)
+    if (buf[7] & ~BRAID_HELLO_FLAGS_KNOWN)
         return braid__error_quiet(BRAID_ERR_AUTH, "unknown flags 0x%02x in hello", buf[7]);
     if (t.rank < 0 || t.target < -1)
         return braid__error_quiet(BRAID_ERR_AUTH, "rank %d / target %d out of range in hello", t.rank, t.target);
@@ -225,7 +226,7 @@ int braid__job_params_diff(const braid_job_params *a, const char *a_name, const 
         *secret_bound = 1;
         snprintf(why, cap, "launcher job id differs: '%s' at %s, '%s' at %s (another job?)", a->job_id, a_name,
                  b->job_id, b_name);
-    } else if (a->secret_id != b->secret_id) {
+    } else if (a->secret_id && b->secret_id && a->secret_id != b->secret_id) { /* 0: not shown */
         *secret_bound = 1;
         snprintf(why, cap, "job secret differs (id %08x at %s, %08x at %s): %s", (unsigned)a->secret_id, a_name,
                  (unsigned)b->secret_id, b_name,
@@ -243,6 +244,19 @@ int braid__job_params_diff(const braid_job_params *a, const char *a_name, const 
         return 0;
     }
     return 1;
+}
+
+/* The likely cause of a refused proof, by where our secret came from. */
+static const char *secret_hint(unsigned source)
+{
+    switch (source) {
+    case BRAID_SECRET_ENV: return "BRAID_JOB_SECRET differs from the job's, or the port is another job's";
+    case BRAID_SECRET_KEY_FILE:
+        return "the hosts do not share the key file (BRAID_KEY_FILE), or the port is another job's";
+    case BRAID_SECRET_UNIQUE_ID: return "the ranks got different unique ids, or the port is another job's";
+    case BRAID_SECRET_PUBLIC: return "MASTER_ADDR or the port differs, or the port is another job's";
+    default: return "another job, or a different unique id / BRAID_JOB_SECRET / key file?";
+    }
 }
 
 static const char *role_name(unsigned role)
@@ -263,6 +277,10 @@ braid_status braid__auth_initiate(int fd, const uint8_t secret[BRAID_SECRET_BYTE
     braid_hello h;
 
     self->version = BRAID_WIRE_VERSION;
+    /* With a key file, a claim follows the proof: only the acceptor can
+     * see that the secrets differ (its hello does not show its id). */
+    int claim_follows = self->job.size > 0 && self->job.has_claim_key;
+    self->flags = claim_follows ? BRAID_HELLO_FLAG_CLAIM : 0;
     BRAID_CHECK(braid__random_bytes(self->nonce, sizeof(self->nonce)));
     braid__hello_encode(self, raw_i);
     BRAID_CHECK(braid__sock_write_full(fd, raw_i, sizeof(raw_i), deadline_ms, what));
@@ -286,26 +304,38 @@ braid_status braid__auth_initiate(int fd, const uint8_t secret[BRAID_SECRET_BYTE
         /* Tell the acceptor why, in a form it can verify (a claim under
          * the key file's key), so the rest of the job stops too. Best
          * effort: our own error is the same either way. */
-        if (self->job.has_claim_key &&
-            braid__auth_claim(self->job.claim_key, self->role, raw_i, raw_a, mac) == BRAID_OK) {
-            (void)braid__sock_write_full(fd, mac, sizeof(mac), deadline_ms, what);
-            OPENSSL_cleanse(mac, sizeof(mac));
-        }
+        uint8_t claim[2 * BRAID_MAC_BYTES] = {0}; /* no proof we could make, then the claim (hello flag CLAIM) */
+        if (claim_follows &&
+            braid__auth_claim(self->job.claim_key, self->role, raw_i, raw_a, claim + BRAID_MAC_BYTES) == BRAID_OK)
+            (void)braid__sock_write_full(fd, claim, sizeof(claim), deadline_ms, what);
         return braid__error(BRAID_ERR_MISMATCH, "%s: %s", what, reason);
     }
-    BRAID_CHECK(braid__auth_mac(secret, self->role, raw_i, raw_a, mac));
-    braid_status st = braid__sock_write_full(fd, mac, sizeof(mac), deadline_ms, what);
-    OPENSSL_cleanse(mac, sizeof(mac));
+    uint8_t out[2 * BRAID_MAC_BYTES];
+    BRAID_CHECK(braid__auth_mac(secret, self->role, raw_i, raw_a, out));
+    if (claim_follows)
+        BRAID_CHECK(braid__auth_claim(self->job.claim_key, self->role, raw_i, raw_a, out + BRAID_MAC_BYTES));
+    braid_status st = braid__sock_write_full(fd, out, claim_follows ? sizeof(out) : BRAID_MAC_BYTES, deadline_ms, what);
+    OPENSSL_cleanse(out, sizeof(out));
     if (st != BRAID_OK)
         return st;
     st = braid__sock_read_full(fd, in, sizeof(in), deadline_ms, what);
     if (st == BRAID_ERR_PEER)
         return braid__error(BRAID_ERR_AUTH,
                             "%s: peer closed the connection after our proof: it did not accept our proof of the job "
-                            "secret (another job, or a different unique id / BRAID_JOB_SECRET / key file?)",
-                            what);
+                            "secret (%s)",
+                            what, secret_hint(self->job.source));
     if (st != BRAID_OK)
         return st;
+    if (braid__auth_mac_check(secret, peer_role, raw_i, raw_a, in) != BRAID_OK && claim_follows &&
+        braid__auth_claim(self->job.claim_key, peer_role, raw_i, raw_a, mac) == BRAID_OK &&
+        CRYPTO_memcmp(mac, in, BRAID_MAC_BYTES) == 0) {
+        /* The acceptor took our claim, not our proof: it is one of ours
+         * with another secret, and says which. */
+        h.job.secret_id = braid__get_be32(in + BRAID_MAC_BYTES);
+        if (braid__job_params_diff(&self->job, me, &h.job, them, reason, sizeof(reason), &bound) && bound)
+            return braid__error(BRAID_ERR_MISMATCH, "%s: %s", what, reason);
+        return braid__error(BRAID_ERR_MISMATCH, "%s: the job secret differs from %s's", what, them);
+    }
     if (braid__auth_mac_check(secret, peer_role, raw_i, raw_a, in) != BRAID_OK)
         return braid__error(BRAID_ERR_AUTH,
                             "%s: peer failed authentication: wrong proof of the job secret "
@@ -372,9 +402,25 @@ int braid__auth_claim_valid(const braid_auth_accept *hs, const uint8_t claim_key
     uint8_t want[BRAID_MAC_BYTES];
     if (!hs->bad_proof || braid__auth_claim(claim_key, hs->peer_role, hs->raw_i, hs->raw_a, want) != BRAID_OK)
         return 0;
-    int same = CRYPTO_memcmp(want, hs->buf, BRAID_MAC_BYTES) == 0;
+    size_t at = hs->peer.flags & BRAID_HELLO_FLAG_CLAIM ? BRAID_MAC_BYTES : 0;
+    int same = CRYPTO_memcmp(want, hs->buf + at, BRAID_MAC_BYTES) == 0;
     OPENSSL_cleanse(want, sizeof(want));
     return same;
+}
+
+int braid__auth_accept_answer_claim(braid_auth_accept *hs, const uint8_t claim_key[BRAID_SECRET_BYTES],
+                                    uint32_t secret_id)
+{
+    if (!hs->bad_proof || !(hs->peer.flags & BRAID_HELLO_FLAG_CLAIM))
+        return 0;
+    if (braid__auth_claim(claim_key, hs->self_role, hs->raw_i, hs->raw_a, hs->buf) != BRAID_OK)
+        hs->mac_failed = 1; /* reported by the next step */
+    braid__put_be32(hs->buf + BRAID_MAC_BYTES, secret_id);
+    hs->result = BRAID_AUTH_REJECT_PARAMS;
+    hs->pos = 0;
+    hs->len = BRAID_MAC_BYTES + BRAID_RESULT_BYTES;
+    hs->state = BRAID_AUTH_SEND_RESULT;
+    return 1;
 }
 
 void braid__auth_accept_clear(braid_auth_accept *hs)
@@ -445,7 +491,7 @@ braid_status braid__auth_accept_step(braid_auth_accept *hs, int fd)
             if (!complete)
                 return BRAID_OK;
             hs->pos = 0;
-            hs->len = BRAID_MAC_BYTES;
+            hs->len = hs->peer.flags & BRAID_HELLO_FLAG_CLAIM ? 2 * BRAID_MAC_BYTES : BRAID_MAC_BYTES;
             hs->state = BRAID_AUTH_RECV_MAC;
             break;
         case BRAID_AUTH_RECV_MAC:

@@ -26,15 +26,25 @@
  * Mismatch claims. When a parameter the secret derives from differs (secret
  * source, launcher job id, the secret itself), the initiator cannot prove
  * the job secret, and the acceptor would learn nothing but "wrong proof".
- * So in place of its proof the initiator sends a claim:
+ * So the initiator also sends a claim:
  *   claim = HMAC(claim key, claim label | role | hello_i | hello_a)
  * where the claim key derives from the user's key file (job_secret.c),
- * which both sides hold whatever their job secrets. An acceptor whose own
- * claim key verifies it knows the claimant is a process of the same user
- * whose parameters differ as its hello says, and may fail the job with the
- * named cause (store_server.c). Without a key file on both sides the claim
- * is unproven and counts as a wrong proof: a stranger's word never fails a
- * job (docs/RELIABILITY.md).
+ * which both sides hold whatever their job secrets. When a difference
+ * shows in the acceptor's hello (secret source, job id), the claim takes
+ * the proof's place; otherwise it follows the proof (hello flag CLAIM),
+ * since only the acceptor can tell that the secrets differ. An acceptor
+ * whose own claim key verifies it knows the claimant is a process of the
+ * same user whose parameters differ as its hello says, and may fail the
+ * job with the named cause (store_server.c). To a claim that followed a
+ * wrong proof it answers with its own claim and its secret id, in place of
+ * its proof and verdict, so the claimant can name the difference too.
+ * Without a key file on both sides the claim is unproven and counts as a
+ * wrong proof: a stranger's word never fails a job (docs/RELIABILITY.md).
+ *
+ * Nothing derived from the secret goes to a side that has not proven
+ * itself: an acceptor's hello states no secret id (0), so a stranger who
+ * connects learns nothing to test guesses of the secret against. The
+ * initiator's hello does state its id, as its proof follows anyway.
  *
  * Message encode/decode are pure functions over byte buffers, with every
  * length and range checked, so fuzz targets can drive them directly. */
@@ -102,16 +112,23 @@ typedef struct {
 } braid_job_params;
 
 /* Hello message. Wire layout (big endian, 88 bytes):
- *   0 magic "BRD1" | 4 version u16 | 6 role u8 | 7 flags u8 (0)
+ *   0 magic "BRD1" | 4 version u16 | 6 role u8 | 7 flags u8
  *   8 rank i32 | 12 target rank i32 (-1: any) | 16 pg_tag u64
  *  24 nonce[16] | 40 socket index u16 | 42 socket count u16
  *  44 world size u32 | 48 secret source u8 | 49 checksum u8 | 50 zero u16
  *  52 secret id u32 | 56 job id[32] (printable ASCII, NUL padded)
  * Socket index and count are transport fields (TCP striping); the store
  * sends 0, 0. The job parameters are all zero where not stated. */
+/* Hello flags. CLAIM: the initiator sends a mismatch claim right after its
+ * proof (BRAID_MAC_BYTES more), for the acceptor to read when the proof
+ * fails; see "Mismatch claims" above. */
+#define BRAID_HELLO_FLAG_CLAIM 0x01u
+#define BRAID_HELLO_FLAGS_KNOWN BRAID_HELLO_FLAG_CLAIM
+
 typedef struct {
     uint16_t version;
     uint8_t role;
+    uint8_t flags; /* BRAID_HELLO_FLAG_* */
     int32_t rank;
     int32_t target;
     uint64_t pg_tag;
@@ -204,7 +221,7 @@ typedef struct {
     uint8_t secret[BRAID_SECRET_BYTES];
     uint8_t raw_i[BRAID_HELLO_BYTES];
     uint8_t raw_a[BRAID_HELLO_BYTES];
-    uint8_t buf[BRAID_HELLO_BYTES + BRAID_MAC_BYTES];
+    uint8_t buf[BRAID_HELLO_BYTES + BRAID_MAC_BYTES]; /* room for a proof and a claim */
     size_t pos, len; /* progress through buf */
     size_t bytes_in; /* received in total: 0 means a bare connect */
     int bad_proof;   /* the error was a wrong proof (not garbage or a close) */
@@ -231,6 +248,13 @@ void braid__auth_accept_finish(braid_auth_accept *hs, uint32_t result);
  * valid mismatch claim under claim_key, so its hello's job parameters are
  * those of a process of this user. */
 int braid__auth_claim_valid(const braid_auth_accept *hs, const uint8_t claim_key[BRAID_SECRET_BYTES]);
+
+/* After a valid claim that followed a wrong proof (hello flag CLAIM):
+ * answer it with our own claim and secret_id, then the machine goes on to
+ * BRAID_AUTH_DONE with result BRAID_AUTH_REJECT_PARAMS. 0 when the
+ * initiator sent no such claim (nothing to answer). */
+int braid__auth_accept_answer_claim(braid_auth_accept *hs, const uint8_t claim_key[BRAID_SECRET_BYTES],
+                                    uint32_t secret_id);
 
 /* Forget the secret copy (call when done with hs). */
 void braid__auth_accept_clear(braid_auth_accept *hs);

@@ -193,16 +193,15 @@ static uint32_t judge(braid_store_server *s, client *c)
     return BRAID_AUTH_REJECT_PARAMS;
 }
 
-/* A wrong proof that is a valid mismatch claim (auth.h) from a process
- * of this user for a rank no member holds: its parameters, which the
- * secret derives from, differ from the job's, so that rank can never
- * join. Fail the job with the cause, as for a proven member (judge).
- * Returns 1 when the claim was taken. */
+/* A valid mismatch claim (auth.h, checked by the caller) with a wrong
+ * proof, from a process of this user for a rank no member holds: its
+ * parameters, which the secret derives from, differ from the job's, so
+ * that rank can never join. Fail the job with the cause, as for a proven
+ * member (judge). Returns 1 when the claim was taken. */
 static int take_claim(braid_store_server *s, client *c)
 {
     const braid_hello *h = &c->hs.peer;
-    if (!s->job.has_claim_key || s->failed[0] || formed(s) || h->job.size == 0 || h->rank <= 0 || (uint32_t)h->rank >= s->job.size ||
-        !braid__auth_claim_valid(&c->hs, s->job.claim_key))
+    if (s->failed[0] || formed(s) || h->job.size == 0 || h->rank <= 0 || (uint32_t)h->rank >= s->job.size)
         return 0;
     for (client *o = s->clients; o; o = o->next)
         if (o != c && o->rank == h->rank && o->state != CL_DEAD)
@@ -222,8 +221,15 @@ static int take_claim(braid_store_server *s, client *c)
 void braid__store_step_handshake(braid_store_server *s, client *c)
 {
     if (braid__auth_accept_step(&c->hs, c->fd) != BRAID_OK) {
-        if (c->hs.bad_proof && take_claim(s, c)) {
+        if (c->hs.bad_proof && s->job.has_claim_key && braid__auth_claim_valid(&c->hs, s->job.claim_key)) {
+            /* One of ours whose parameters differ: fail the job if the
+             * claim is about it, and answer a claim that followed a proof
+             * (the claimant cannot see our secret id otherwise). */
+            (void)take_claim(s, c);
             braid__store_client_proven(s, c);
+            if (braid__auth_accept_answer_claim(&c->hs, s->job.claim_key, s->job.secret_id) &&
+                braid__auth_accept_step(&c->hs, c->fd) == BRAID_OK && c->hs.state != BRAID_AUTH_DONE)
+                return; /* the answer goes out as the socket allows; DONE drops it below */
             braid__store_client_drop(c, BRAID_LOG_INFO,
                                      "rank with different job parameters (claim proven by the key file)");
             return;
@@ -308,6 +314,7 @@ void braid__store_accept_clients(braid_store_server *s)
         }
         client *c = calloc(1, sizeof(*c));
         braid_hello self = {.role = BRAID_ROLE_STORE_SERVER, .rank = s->rank, .target = -1, .job = s->job};
+        self.job.secret_id = 0; /* shown to nobody before a proof (auth.h) */
         if (!c || braid__auth_accept_init(&c->hs, s->secret, &self, BRAID_ROLE_STORE_CLIENT) != BRAID_OK) {
             BRAID_WARN("store: cannot take a new connection: out of memory or randomness");
             free(c);

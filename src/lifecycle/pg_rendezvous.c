@@ -77,7 +77,9 @@ static braid_status connect_store(braid_pg *pg, const braid_rendezvous *rv, cons
                             "is rank 0 running, and is %s its address? (%s)",
                             pg->rank, rv->host, rv->port, pg->init_timeout_ms,
                             rv->bound_at_init ? "MASTER_ADDR" : "the id's host", why);
-    if ((st == BRAID_ERR_PEER || st == BRAID_ERR_AUTH) && rv->bound_at_init)
+    if (st == BRAID_ERR_AUTH && rv->bound_at_init)
+        return braid__error(st, "%s; the store's port is %d (chosen by %s)", why, rv->port, port_source(rv));
+    if (st == BRAID_ERR_PEER && rv->bound_at_init)
         return braid__error(st,
                             "%s; rank 0 cannot serve its store on port %d (chosen by %s) while another program "
                             "holds it: set BRAID_STORE_PORT to a free port on every rank",

@@ -25,7 +25,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 
 static int hello_equal(const braid_hello *a, const braid_hello *b)
 {
-    return a->version == b->version && a->role == b->role && a->rank == b->rank && a->target == b->target &&
+    return a->version == b->version && a->role == b->role && a->flags == b->flags && a->rank == b->rank &&
+           a->target == b->target &&
            a->pg_tag == b->pg_tag && memcmp(a->nonce, b->nonce, BRAID_NONCE_BYTES) == 0 &&
            a->sock_index == b->sock_index && a->nsocks == b->nsocks && a->job.size == b->job.size &&
            a->job.source == b->job.source && a->job.checksum == b->job.checksum &&
@@ -44,7 +45,7 @@ static void check_hello_bytes(const uint8_t *data, size_t size)
         return;
     }
     FUZZ_ASSERT(size == BRAID_HELLO_BYTES);
-    FUZZ_ASSERT(memcmp(data, BRAID_HELLO_MAGIC, 4) == 0 && data[7] == 0);
+    FUZZ_ASSERT(memcmp(data, BRAID_HELLO_MAGIC, 4) == 0 && (data[7] & ~BRAID_HELLO_FLAGS_KNOWN) == 0);
     FUZZ_ASSERT(h.version == BRAID_WIRE_VERSION);
     FUZZ_ASSERT(h.role >= 1 && h.role <= BRAID_ROLE_MAX);
     FUZZ_ASSERT(h.rank >= 0 && h.target >= -1);
@@ -62,6 +63,7 @@ static void check_roundtrip(const uint8_t *data, size_t size)
     memset(&x, 0, sizeof(x));
     x.version = BRAID_WIRE_VERSION;
     x.role = (uint8_t)(1 + raw[0] % BRAID_ROLE_MAX);
+    x.flags = (uint8_t)(raw[7] & BRAID_HELLO_FLAGS_KNOWN);
     x.rank =
         (int32_t)(((uint32_t)raw[1] << 24 | (uint32_t)raw[2] << 16 | (uint32_t)raw[3] << 8 | raw[4]) & 0x7fffffffu);
     x.target = (int32_t)(((uint32_t)raw[5] << 8 | raw[6]) % 0x10000u) - 1;
