@@ -21,6 +21,7 @@
 #include "device_coll_group.h"
 #include "device_coll_int.h"
 #include "log.h"
+#include "proc_id.h"
 #include "param.h"
 #include "status.h"
 
@@ -121,6 +122,7 @@ static struct braid_devcoll_group *region_make(braid_pg *pg, int device)
     }
     g->mine.ok = 1;
     g->mine.pid = (int32_t)getpid();
+    g->mine.pidns = braid__pidns_self();
     g->mine.sm_count = braid__cuda_sm_count(g->device);
     g->mine.region = (uint64_t)(uintptr_t)g->region;
     return g;
@@ -130,7 +132,7 @@ static struct braid_devcoll_group *region_make(braid_pg *pg, int device)
  * use the address as it is: CUDA does not open a process's own handles. */
 static int map_peer(braid_pg *pg, struct braid_devcoll_group *g, int p, const region_record *r)
 {
-    if (r->pid == g->mine.pid) {
+    if (braid__is_this_process((uint32_t)r->pid, r->pidns)) {
         g->peer[p] = (char *)(uintptr_t)r->region;
         return 1;
     }
@@ -189,8 +191,16 @@ static void watch_start(braid_pg *pg, struct braid_devcoll_group *g, const regio
 {
     int any = 0;
     for (int p = 0; p < pg->size; p++) {
-        if (p == pg->rank || recs[p].pid == g->mine.pid)
+        if (p == pg->rank || braid__is_this_process((uint32_t)recs[p].pid, recs[p].pidns))
             continue;
+        if (!braid__pid_is_ours(recs[p].pidns)) {
+            /* Its pid names some other process here: not watched (the
+             * kernels' own timeout bounds a wait on it). */
+            BRAID_INFO("rank %d: device collectives: rank %d runs in another pid namespace; its process is not "
+                       "watched",
+                       pg->rank, p);
+            continue;
+        }
         g->pidfd[p] = (int)syscall(SYS_pidfd_open, (pid_t)recs[p].pid, 0);
         if (g->pidfd[p] < 0 && errno == ESRCH) { /* gone already */
             atomic_store(&g->dead_rank, p);
@@ -328,7 +338,7 @@ static braid_status decide(braid_pg *pg, const swap_ops *swap, const region_reco
     g->peer[pg->rank] = g->region;
     g->one_process = 1;
     for (int p = 0; p < pg->size; p++)
-        g->one_process &= recs[p].pid == g->mine.pid;
+        g->one_process &= braid__is_this_process((uint32_t)recs[p].pid, recs[p].pidns);
     g->max_blocks = group_blocks(recs, pg->size);
     watch_start(pg, g, recs);
     g->ready = 1;

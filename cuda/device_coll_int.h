@@ -25,7 +25,7 @@ typedef struct {
     uint32_t ok; /* 1: a region is made here; 0: none; 2 (at group creation): no CUDA context yet */
     int32_t pid;
     int32_t sm_count;
-    uint32_t pad;
+    uint32_t pidns; /* pid's namespace (src/base/proc_id.h): two containers may both have a pid 1 */
     uint64_t region; /* the region's address in its own process */
     char bus[32];    /* the device's PCI bus id: ranks that share a GPU share its SMs */
     cudaIpcMemHandle_t handle;

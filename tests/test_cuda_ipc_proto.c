@@ -18,6 +18,7 @@ static braid_ipc_setup sample(void)
     s.nslots = 4;
     s.slot_bytes = 1u << 20;
     s.pid = 0x89abcdefu;
+    s.pidns = 0xf0000123u;
     s.host_hash = 0x0123456789abcdefull;
     strcpy(s.bus_id, "0000:3b:00.0");
     for (int i = 0; i < BRAID_IPC_HANDLE_BYTES; i++)
@@ -40,6 +41,7 @@ START_TEST(setup_roundtrip)
     ck_assert_uint_eq(d.nslots, 4);
     ck_assert_uint_eq(d.slot_bytes, 1u << 20);
     ck_assert_uint_eq(d.pid, 0x89abcdefu);
+    ck_assert_uint_eq(d.pidns, 0xf0000123u);
     ck_assert(d.host_hash == s.host_hash);
     ck_assert_str_eq(d.bus_id, "0000:3b:00.0");
     ck_assert(!memcmp(d.ring, s.ring, sizeof(s.ring)));
@@ -80,6 +82,7 @@ static void odd_slot(braid_ipc_setup *s, uint8_t *w) { (void)s; w[16] = 1; }
 static void tiny_slot(braid_ipc_setup *s, uint8_t *w) { (void)s; memset(w + 16, 0, 4); w[17] = 1; }
 static void no_nul(braid_ipc_setup *s, uint8_t *w) { (void)s; memset(w + 32, 'a', BRAID_IPC_BUS_ID_BYTES); }
 static void empty_bus(braid_ipc_setup *s, uint8_t *w) { (void)s; memset(w + 32, 0, BRAID_IPC_BUS_ID_BYTES); }
+static void past_table(braid_ipc_setup *s, uint8_t *w) { (void)s; w[BRAID_IPC_SETUP_PIDNS_AT - 1] = 1; }
 static void trailing(braid_ipc_setup *s, uint8_t *w) { (void)s; w[BRAID_IPC_SETUP_BYTES - 1] = 1; }
 
 START_TEST(setup_rejects)
@@ -92,7 +95,8 @@ START_TEST(setup_rejects)
     expect_bad(tiny_slot, BRAID_ERR_PEER, "slot size");
     expect_bad(no_nul, BRAID_ERR_PEER, "bus id");
     expect_bad(empty_bus, BRAID_ERR_PEER, "bus id");
-    expect_bad(trailing, BRAID_ERR_PEER, "past its event table");
+    expect_bad(past_table, BRAID_ERR_PEER, "past its event table");
+    expect_bad(trailing, BRAID_ERR_PEER, "past its pid namespace");
 }
 END_TEST
 

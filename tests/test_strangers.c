@@ -11,13 +11,16 @@
  *  - another uid can neither read the key nor join the store with the
  *    secret that public values give, and the shared-memory listener refuses
  *    it at accept, while silent sockets of our own never delay a member.
- * The other-uid cases need root (to become another uid); elsewhere they say
- * why they skip. */
+ *  - a peer in another pid namespace is never taken for this process, nor
+ *    signalled by its pid.
+ * The other-uid and namespace cases need root (to become another uid, to
+ * unshare a pid namespace); elsewhere they say why they skip. */
 #include <check.h>
 #include <stddef.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <sched.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -36,6 +39,7 @@
 #include "bootstrap/store.h"
 #include "braid_transport.h"
 #include "clock.h"
+#include "proc_id.h"
 #include "harness.h"
 #include "transports/shm/shm.h"
 #include "transports/tcp/tcp.h"
@@ -746,6 +750,57 @@ START_TEST(shm_flood_own_uid)
 }
 END_TEST
 
+/* ---- pid namespaces ------------------------------------------------------ */
+
+/* A rank in another pid namespace (another container on the host) may
+ * publish a pid that is ours, or that names some other process here (both
+ * may be pid 1). Device collectives and cuda_ipc take a published pid as
+ * this process, or signal and watch it, only when the pid namespaces
+ * agree. The child is made pid 1 of a new namespace (root only; else the
+ * namespace part skips saying why). */
+START_TEST(pid_namespace_identity)
+{
+    struct stat st;
+    ck_assert_int_eq(stat("/proc/self/ns/pid", &st), 0);
+    uint32_t ns = braid__pidns_self();
+    ck_assert_uint_eq(ns, (uint32_t)st.st_ino);
+    ck_assert(braid__is_this_process((uint32_t)getpid(), ns));
+    /* Our pid from another namespace is another process. */
+    ck_assert(!braid__is_this_process((uint32_t)getpid(), ns + 1));
+    ck_assert(!braid__pid_is_ours(ns + 1));
+    if (geteuid() != 0) {
+        fprintf(stderr, "pid_namespace_identity: namespace part skipped: needs root to unshare a pid namespace\n");
+        return;
+    }
+    int p[2];
+    ck_assert_int_eq(pipe(p), 0);
+    pid_t child = fork();
+    ck_assert_int_ge(child, 0);
+    if (child == 0) {
+        if (unshare(CLONE_NEWPID) != 0)
+            _exit(10);
+        pid_t inner = fork(); /* pid 1 of the new namespace */
+        if (inner == 0) {
+            uint32_t rec[2] = {(uint32_t)getpid(), braid__pidns_self()};
+            _exit(write(p[1], rec, sizeof(rec)) == (ssize_t)sizeof(rec) ? 0 : 11);
+        }
+        int status;
+        _exit(inner > 0 && waitpid(inner, &status, 0) == inner && WIFEXITED(status) ? WEXITSTATUS(status) : 12);
+    }
+    close(p[1]);
+    uint32_t rec[2] = {0, 0};
+    ck_assert_int_eq(read(p[0], rec, sizeof(rec)), (ssize_t)sizeof(rec));
+    close(p[0]);
+    ck_assert_int_eq(harness_wait_child(child, 30), 0);
+    ck_assert_uint_eq(rec[0], 1);
+    ck_assert_uint_ne(rec[1], ns);
+    ck_assert_uint_ne(rec[1], 0);
+    /* Its pid 1 is not our init, nor us were we pid 1. */
+    ck_assert(!braid__pid_is_ours(rec[1]));
+    ck_assert(!braid__is_this_process(rec[0], rec[1]));
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("strangers");
@@ -754,6 +809,7 @@ int main(void)
     tcase_add_test(store, store_no_oracle_growing_delay);
     tcase_add_test(store, store_flood_capped);
     tcase_add_test(store, store_hello_shows_no_secret_id);
+    tcase_add_test(store, pid_namespace_identity);
     tcase_add_test(store, shm_flood_own_uid);
     tcase_add_test(store, store_stop_ignores_strangers);
     tcase_add_test(store, tcp_listener_strangers);

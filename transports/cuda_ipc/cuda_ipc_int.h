@@ -56,6 +56,7 @@ typedef struct {
     int my_verdict;   /* -1 until the peer's set-up was read; then 1 reachable, 0 not */
     int peer_verdict; /* -1 until the peer's VERDICT arrived */
     uint32_t peer_pid; /* from the peer's set-up (same host): 0 until it arrived */
+    uint32_t peer_pidns; /* ... and its pid namespace: peer_pid is ours to signal only in the same one */
     int ready;        /* both said yes, the peer's ring and events are open */
     char unusable_why[256];
     braid_ipc_setup me;

@@ -14,7 +14,8 @@ static braid_status bad(char *why, size_t why_len, const char *what)
 }
 
 /* Layout: magic, version, device, nslots, slot_bytes, pid (4 each),
- * host_hash (8), bus_id (16), ring handle (64), event handles (16 x 64). */
+ * host_hash (8), bus_id (16), ring handle (64), event handles (16 x 64),
+ * pid namespace (4), zero (4). */
 void braid__ipc_setup_encode(const braid_ipc_setup *s, uint8_t out[BRAID_IPC_SETUP_BYTES])
 {
     memset(out, 0, BRAID_IPC_SETUP_BYTES);
@@ -30,6 +31,7 @@ void braid__ipc_setup_encode(const braid_ipc_setup *s, uint8_t out[BRAID_IPC_SET
     memcpy(out + 32 + BRAID_IPC_BUS_ID_BYTES, s->ring, BRAID_IPC_HANDLE_BYTES);
     uint32_t n = s->nslots <= BRAID_IPC_MAX_SLOTS ? s->nslots : BRAID_IPC_MAX_SLOTS;
     memcpy(out + 32 + BRAID_IPC_BUS_ID_BYTES + BRAID_IPC_HANDLE_BYTES, s->events, (size_t)n * BRAID_IPC_HANDLE_BYTES);
+    braid__put_le32(out + BRAID_IPC_SETUP_PIDNS_AT, s->pidns);
 }
 
 braid_status braid__ipc_setup_decode(const uint8_t in[BRAID_IPC_SETUP_BYTES], braid_ipc_setup *s, char *why,
@@ -65,9 +67,12 @@ braid_status braid__ipc_setup_decode(const uint8_t in[BRAID_IPC_SETUP_BYTES], br
     /* Unused event slots must be zero: a longer table is a different format
      * (and with no slots there is no ring either). */
     for (size_t i = 32 + BRAID_IPC_BUS_ID_BYTES + BRAID_IPC_HANDLE_BYTES * (d.nslots ? 1 + (size_t)d.nslots : 0);
-         i < BRAID_IPC_SETUP_BYTES; i++)
+         i < BRAID_IPC_SETUP_PIDNS_AT; i++)
         if (in[i] != 0)
             return bad(why, why_len, "cuda_ipc set-up message has data past its event table");
+    d.pidns = braid__get_le32(in + BRAID_IPC_SETUP_PIDNS_AT);
+    if (braid__get_le32(in + BRAID_IPC_SETUP_PIDNS_AT + 4) != 0)
+        return bad(why, why_len, "cuda_ipc set-up message has data past its pid namespace");
     *s = d;
     return BRAID_OK;
 }

@@ -36,9 +36,10 @@
 #define BRAID_IPC_MAX_SLOTS 16
 #define BRAID_IPC_BUS_ID_BYTES 16 /* "0000:3b:00.0" and NUL */
 #define BRAID_IPC_SETUP_MAGIC 0x43504942u /* "BIPC" */
-#define BRAID_IPC_VERSION 3
-#define BRAID_IPC_SETUP_BYTES                                                                     \
-    (32 + BRAID_IPC_BUS_ID_BYTES + BRAID_IPC_HANDLE_BYTES * (1 + BRAID_IPC_MAX_SLOTS))
+#define BRAID_IPC_VERSION 4
+/* The fixed fields and the largest event table, then the pid namespace. */
+#define BRAID_IPC_SETUP_PIDNS_AT (32 + BRAID_IPC_BUS_ID_BYTES + BRAID_IPC_HANDLE_BYTES * (1 + BRAID_IPC_MAX_SLOTS))
+#define BRAID_IPC_SETUP_BYTES (BRAID_IPC_SETUP_PIDNS_AT + 8)
 #define BRAID_IPC_CTRL_BYTES 16
 
 /* What one side tells the other at connection set-up. */
@@ -48,6 +49,7 @@ typedef struct {
     uint32_t nslots;                       /* 1..BRAID_IPC_MAX_SLOTS; 0: this side cannot use IPC */
     uint32_t slot_bytes;                   /* multiple of 256, >= 4096; 0 with no slots */
     uint32_t pid;                          /* the sender's process: CUDA opens no handle in its own */
+    uint32_t pidns;                        /* ... in this pid namespace (src/base/proc_id.h) */
     uint64_t host_hash;                    /* same-host check */
     char bus_id[BRAID_IPC_BUS_ID_BYTES];   /* PCI bus id of the sender's device */
     uint8_t ring[BRAID_IPC_HANDLE_BYTES];  /* the sender's receive ring */

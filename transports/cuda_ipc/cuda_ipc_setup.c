@@ -15,6 +15,7 @@
 #include "cuda_ipc.h"
 #include "cuda_ipc_proto.h"
 #include "log.h"
+#include "proc_id.h"
 #include "status.h"
 #include "cuda_ipc_int.h"
 #include "transports/tcp/tcp.h"
@@ -42,6 +43,7 @@ static braid_status local_setup(ipc_conn *c, braid_ipc_setup *me)
     me->version = BRAID_IPC_VERSION;
     me->device = -1;
     me->pid = (uint32_t)getpid();
+    me->pidns = braid__pidns_self();
     me->host_hash = host_hash();
     IPC_CU(c, cudaGetDevice(&c->device));
     int ipc_events = 0;
@@ -81,7 +83,7 @@ static braid_status check_reach(ipc_conn *c, const braid_ipc_setup *me, const br
                             c->base.peer);
     /* Ranks that are threads of one process: CUDA refuses to open a
      * process's own IPC handles, so the pair keeps its host link. */
-    if (peer->pid == me->pid)
+    if (braid__is_this_process(peer->pid, peer->pidns))
         return (c->eager ? braid__error : braid__error_quiet)(BRAID_ERR_UNSUPPORTED,
                             "rank %d: cuda_ipc peer %d is a thread of this process (CUDA opens IPC handles only in "
                             "other processes)", c->rank, c->base.peer);
@@ -132,7 +134,10 @@ static int stream_drained(ipc_conn *c)
  * process that is gone has let go. */
 static int peer_gone(const ipc_conn *c)
 {
-    return c->peer_pid == 0 || (kill((pid_t)c->peer_pid, 0) != 0 && errno == ESRCH);
+    /* A pid from another pid namespace names some other process here:
+     * such a peer is never known gone (its ring stays until we exit). */
+    return c->peer_pid == 0 ||
+           (braid__pid_is_ours(c->peer_pidns) && kill((pid_t)c->peer_pid, 0) != 0 && errno == ESRCH);
 }
 
 static int peer_let_go(ipc_conn *c)
@@ -230,6 +235,7 @@ braid_status braid__cuda_ipc_finish_setup(ipc_conn *c)
     if (st != BRAID_OK)
         return braid__error(st, "rank %d: cuda_ipc peer %d: %s", c->rank, c->base.peer, why);
     c->peer_pid = peer.pid;
+    c->peer_pidns = peer.pidns;
     if (c->me.nslots == 0) {
         c->my_verdict = 0; /* we cannot: unusable_why said so when we started */
     } else if (peer.nslots == 0) {
