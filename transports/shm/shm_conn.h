@@ -44,6 +44,8 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 
 #include "braid_transport.h"
 #include "transports/common/ops.h"
@@ -129,6 +131,14 @@ static inline size_t braid__shm_map_bytes(size_t ring_bytes)
     return BRAID_SHM_CTRL_BYTES + 2 * ring_bytes;
 }
 
+/* Listener addresses: "unix:@name", an abstract Unix socket. */
+#define BRAID_SHM_ADDR_PREFIX "unix:@"
+/* The listener's last word of the set-up: the connection is parked. */
+#define BRAID_SHM_SETUP_ACK "K"
+
+/* "unix:@name" -> abstract address (leading NUL, no terminator). */
+braid_status braid__shm_addr_parse(const char *text, struct sockaddr_un *sa, socklen_t *len);
+
 /* Set-up message the dialling side sends after the handshake, together
  * with the memfd and both eventfds (SCM_RIGHTS, in that order). */
 typedef struct {
@@ -152,7 +162,7 @@ braid_status braid__shm_conn_create(int rank, int peer, int side, int sock, int 
 
 void braid__shm_conn_warm(braid_shm_conn *c);
 
-/* Ops (shm_listen.c, shm_data.c, shm_conn.c), declared by slot type (common/ops.h). */
+/* Ops (shm_listen.c, shm_dial.c, shm_data.c, shm_conn.c), declared by slot type (common/ops.h). */
 braid_listen_func_t braid__shm_listen;
 braid_accept_func_t braid__shm_accept;
 braid_close_listener_func_t braid__shm_close_listener;
