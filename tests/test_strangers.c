@@ -83,17 +83,13 @@ static int become_stranger(void)
 
 /* ---- the store ------------------------------------------------------------ */
 
-/* One guess at the store: hello, then a wrong proof. The store's hello must
- * carry no proof, nothing may follow until we prove, and the wrong proof
- * gets no answer but a close. Returns ms from our proof to the close. */
-static int64_t guess_as(int port, uint8_t role, uint8_t peer_role)
+/* Send hello h (a fresh nonce drawn here) and read and decode the
+ * acceptor's hello into a (raw bytes in in). */
+static void swap_hellos(int fd, braid_hello *h, uint8_t in[BRAID_HELLO_BYTES], braid_hello *a)
 {
-    int fd = raw_connect(port);
-    ck_assert_int_ge(fd, 0);
-    braid_hello h = {.version = BRAID_WIRE_VERSION, .role = role, .rank = 1, .target = 0, .nsocks = 1};
-    ck_assert_int_eq(braid__random_bytes(h.nonce, sizeof(h.nonce)), BRAID_OK);
-    uint8_t out[BRAID_HELLO_BYTES], in[256];
-    braid__hello_encode(&h, out);
+    ck_assert_int_eq(braid__random_bytes(h->nonce, sizeof(h->nonce)), BRAID_OK);
+    uint8_t out[BRAID_HELLO_BYTES];
+    braid__hello_encode(h, out);
     ck_assert_int_eq(send(fd, out, sizeof(out), MSG_NOSIGNAL), (ssize_t)sizeof(out));
     size_t got = 0;
     while (got < BRAID_HELLO_BYTES) {
@@ -101,8 +97,19 @@ static int64_t guess_as(int port, uint8_t role, uint8_t peer_role)
         ck_assert_int_gt(n, 0);
         got += (size_t)n;
     }
-    braid_hello a;
-    ck_assert_int_eq(braid__hello_decode(in, BRAID_HELLO_BYTES, &a), BRAID_OK);
+    ck_assert_int_eq(braid__hello_decode(in, BRAID_HELLO_BYTES, a), BRAID_OK);
+}
+
+/* One guess at the store: hello, then a wrong proof. The store's hello must
+ * carry no proof, nothing may follow until we prove, and the wrong proof
+ * gets no answer but a close. Returns ms from our proof to the close. */
+static int64_t guess_as(int port, uint8_t role, uint8_t peer_role)
+{
+    int fd = raw_connect(port);
+    ck_assert_int_ge(fd, 0);
+    braid_hello h = {.version = BRAID_WIRE_VERSION, .role = role, .rank = 1, .target = 0, .nsocks = 1}, a;
+    uint8_t in[256];
+    swap_hellos(fd, &h, in, &a);
     ck_assert_int_eq(a.role, peer_role);
     /* No proof of the store's follows its hello: nothing to test guesses on. */
     ck_assert_int_eq(read_within(fd, in, sizeof(in), 200), 0);
@@ -156,19 +163,10 @@ START_TEST(store_hello_shows_no_secret_id)
     int fd = raw_connect(port);
     ck_assert_int_ge(fd, 0);
     braid_hello h = {.version = BRAID_WIRE_VERSION, .role = BRAID_ROLE_STORE_CLIENT, .rank = 1, .nsocks = 1,
-                     .job = {.size = 3, .source = BRAID_SECRET_ENV, .secret_id = 12345}};
-    ck_assert_int_eq(braid__random_bytes(h.nonce, sizeof(h.nonce)), BRAID_OK);
-    uint8_t out[BRAID_HELLO_BYTES], in[BRAID_HELLO_BYTES];
-    braid__hello_encode(&h, out);
-    ck_assert_int_eq(send(fd, out, sizeof(out), MSG_NOSIGNAL), (ssize_t)sizeof(out));
-    size_t got = 0;
-    while (got < BRAID_HELLO_BYTES) {
-        ssize_t n = read_within(fd, in + got, BRAID_HELLO_BYTES - got, 5000);
-        ck_assert_int_gt(n, 0);
-        got += (size_t)n;
-    }
-    braid_hello a;
-    ck_assert_int_eq(braid__hello_decode(in, BRAID_HELLO_BYTES, &a), BRAID_OK);
+                     .job = {.size = 3, .source = BRAID_SECRET_ENV, .secret_id = 12345}},
+                a;
+    uint8_t in[BRAID_HELLO_BYTES];
+    swap_hellos(fd, &h, in, &a);
     ck_assert_int_eq(a.role, BRAID_ROLE_STORE_SERVER);
     ck_assert_uint_eq(a.job.size, 3);
     ck_assert_uint_eq(a.job.source, BRAID_SECRET_ENV);
