@@ -253,7 +253,7 @@ static braid_status store_gather(braid_pg *pg, const region_record *mine, region
     BRAID_CHECK(braid__store_set(pg->store, key, mine, sizeof(*mine)));
     for (int p = 0; p < pg->size; p++) {
         snprintf(key, sizeof(key), "dcoll/%d", p);
-        BRAID_CHECK(braid__store_get(pg->store, key, &recs[p], sizeof(recs[p]), &len, pg->timeout_ms));
+        BRAID_CHECK(braid__store_get(pg->store, key, &recs[p], sizeof(recs[p]), &len, braid__pg_init_wait_ms(pg)));
         if (len != sizeof(recs[p]))
             return braid__error(BRAID_ERR_PEER, "rank %d: rank %d published a malformed device region record",
                                 pg->rank, p);
@@ -271,7 +271,7 @@ static braid_status store_all_ok(braid_pg *pg, const char *step, int ok, int *al
     *all = 1;
     for (int p = 0; p < pg->size; p++) {
         snprintf(key, sizeof(key), "dcoll_%s/%d", step, p);
-        BRAID_CHECK(braid__store_get(pg->store, key, &got, sizeof(got), &len, pg->timeout_ms));
+        BRAID_CHECK(braid__store_get(pg->store, key, &got, sizeof(got), &len, braid__pg_init_wait_ms(pg)));
         if (len != sizeof(got))
             return braid__error(BRAID_ERR_PEER, "rank %d: rank %d published a malformed device region answer",
                                 pg->rank, p);

@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "harness.h"
 #include "pg.h"
 
@@ -144,7 +145,10 @@ static int mismatch_body(braid_pg *pg, void *arg)
     int rank = braid_pg_rank(pg);
     size_t count = rank == 1 ? 3000 : 5000;
     float *buf = calloc(6000, sizeof(float));
+    int64_t t0 = braid__now_ms();
     braid_status st = braid_allreduce(pg, buf, buf, count, BRAID_F32, BRAID_SUM, NULL, NULL);
+    printf("rank %d: mismatched all-reduce returned %s after %lld ms: %s\n", rank, braid_status_string(st),
+           (long long)(braid__now_ms() - t0), braid_last_error());
     free(buf);
     if (st == BRAID_OK)
         HARNESS_FAIL("rank %d: mismatched all-reduce succeeded", rank);

@@ -63,6 +63,8 @@ static void apply_env(const char *const *pairs)
  * ranks write a byte to ready[1] once joined, then wait for hold[0] to
  * close before their all-reduce. -1 when no job is held. */
 static int hold[2] = {-1, -1}, ready[2] = {-1, -1};
+/* The slot that exits while the group forms (BRAID_TEST_EXIT_IN_INIT), -1: none. */
+static int dies_in_init = -1;
 /* The RANK each slot is started with: a slot may repeat a rank. */
 static int rank_as[NRANKS] = {0, 1, 2, 3};
 
@@ -180,6 +182,11 @@ static void collect_ranks(launched *l, rank_result res[NRANKS])
         close(l->pipes[r][0]);
         int status;
         ck_assert_int_eq(waitpid(l->pids[r], &status, 0), l->pids[r]);
+        if (r == dies_in_init && WIFEXITED(status) && WEXITSTATUS(status) == 3) {
+            res[r].status = -2; /* exited in init, as the test asked (BRAID_TEST_EXIT_IN_INIT) */
+            read_file(l->logs[r], res[r].log, sizeof(res[r].log));
+            continue;
+        }
         ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "slot %d died (status %#x)", r, status);
         int off = 0;
         ck_assert_msg(sscanf(line, "%d %ld %n", &res[r].status, &res[r].elapsed_ms, &off) == 2,
@@ -624,6 +631,35 @@ START_TEST(test_start_under_flood)
 }
 END_TEST
 
+/* Rank 2 dies right after every rank reached the store, while the group
+ * forms. The others stop within the init timeout (3 s here), not after
+ * BRAID_TIMEOUT_MS (300 s by default), which bounds the group's calls. */
+START_TEST(test_rank_dies_while_forming)
+{
+    int port = harness_free_port_pair();
+    setenv("BRAID_INIT_TIMEOUT_MS", "3000", 1);
+    unsetenv("BRAID_TIMEOUT_MS");
+    const char *odd[] = {"BRAID_TEST_EXIT_IN_INIT", "joined", NULL};
+    memcpy(odd_env, odd, sizeof(odd));
+    dies_in_init = ODD_RANK;
+    rank_result res[NRANKS];
+    run_ranks(port, 0x7, NULL, res);
+    dies_in_init = -1;
+    odd_env[0] = NULL;
+    ck_assert_int_eq(res[2].status, -2);
+    for (int r = 0; r < 2; r++) {
+        ck_assert_msg(res[r].status == BRAID_ERR_TIMEOUT || res[r].status == BRAID_ERR_PEER,
+                      "rank %d: status %d: %s", r, res[r].status, res[r].error);
+        ck_assert_msg(res[r].elapsed_ms < 8000, "rank %d failed after %ld ms", r, res[r].elapsed_ms);
+        if (res[r].status == BRAID_ERR_TIMEOUT)
+            ASSERT_HAS(res[r].error, "the group did not form within the init timeout (3000 ms, "
+                                     "BRAID_INIT_TIMEOUT_MS): every rank had reached the store, then one stopped "
+                                     "answering (died?)");
+    }
+    unsetenv("BRAID_INIT_TIMEOUT_MS");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("startup");
@@ -638,6 +674,7 @@ int main(void)
     tcase_add_test(tc, test_unproven_claim_fails_nobody);
     tcase_add_test(tc, test_two_jobs_one_port);
     tcase_add_test(tc, test_start_under_flood);
+    tcase_add_test(tc, test_rank_dies_while_forming);
     tcase_add_test(tc, test_rank_started_twice);
     tcase_add_loop_test(tc, test_launch_env_wrong_on_one_rank, 0, (int)(sizeof(launch_cases) / sizeof(launch_cases[0])));
     suite_add_tcase(s, tc);

@@ -11,6 +11,11 @@
  * never. */
 long long braid__fault_corrupt_chunk_at(void);
 
+/* BRAID_TEST_EXIT_IN_INIT=STEP: exit the process (_exit(3)) when group
+ * formation reaches STEP ("joined": every rank reached the store), as a
+ * rank that dies while the group forms. Returns when it does not. */
+void braid__fault_exit_in_init(const char *step);
+
 /* CUDA_FAKE_DIRECT=1, in builds against tests/cuda_fake.c: take every
  * connection as one that moves device memory itself (cuda/device_ring.c).
  * 1 when set, else 0. */

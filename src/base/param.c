@@ -128,6 +128,9 @@ const braid_param_info braid__params[] = {
 
     INT("BRAID_TEST_CORRUPT_CHUNK", TEST, 0, LLONG_MAX, "0",
         "flip one bit of the K-th non-empty message this process sends with checksums on (docs/RELIABILITY.md)"),
+    STR("BRAID_TEST_EXIT_IN_INIT", TEST, NULL,
+        "`joined`: the process exits at once after the rendezvous of `braid_pg_init`, a rank that dies while the "
+        "group forms"),
     STR("CUDA_FAKE_DIRECT", TEST, NULL,
         "builds against tests/cuda_fake.c: `1` treats every connection as one that moves device memory itself"),
 };

@@ -206,6 +206,8 @@ braid_status braid__env_rendezvous(int *rank, int *size, braid_rendezvous *rv)
         snprintf(rv->launch_error, sizeof(rv->launch_error), "%s=%d is not below %s=%d", rank_name, r, size_name, s);
 
     const char *addr = braid__param_str("MASTER_ADDR");
+    if (!addr && rv->launch_error[0]) /* no store to tell: the mistake is all there is to say */
+        return braid__error(BRAID_ERR_INVALID_ARG, "braid_pg_init_env: %s", rv->launch_error);
     if (!addr)
         return braid__error(BRAID_ERR_INVALID_ARG,
                             "braid_pg_init_env: MASTER_ADDR is not set (rank %d of %d from %s): set it to rank 0's "

@@ -65,7 +65,7 @@ braid_status braid__devlink_exchange(braid_pg *pg)
     for (int i = 0; i < (next == prev ? 1 : 2); i++) {
         int p = peers[i];
         snprintf(key, sizeof(key), "daddr/%d", p);
-        BRAID_CHECK(braid__store_get(pg->store, key, addr, sizeof(addr), &len, pg->timeout_ms));
+        BRAID_CHECK(braid__store_get(pg->store, key, addr, sizeof(addr), &len, braid__pg_init_wait_ms(pg)));
         if (len == 0 || len > sizeof(addr) || addr[len - 1] != '\0')
             return braid__error(BRAID_ERR_PEER, "rank %d: rank %d published a malformed device link address",
                                 pg->rank, p);
@@ -86,9 +86,9 @@ static braid_status link_one(braid_pg *pg, struct braid_devlinks *d, int i)
     if (pg->rank < p) {
         braid_transport_ctx ctx = pg->ctx;
         ctx.nsocks = 1; /* control messages only: the data moves on the GPU */
-        BRAID_CHECK(braid__tcp_ops.connect(&ctx, p, d->peer_addr[i], pg->timeout_ms, &tcp));
+        BRAID_CHECK(braid__tcp_ops.connect(&ctx, p, d->peer_addr[i], braid__pg_init_wait_ms(pg), &tcp));
     } else {
-        BRAID_CHECK(d->listener->ops->accept(d->listener, p, pg->timeout_ms, &tcp));
+        BRAID_CHECK(d->listener->ops->accept(d->listener, p, braid__pg_init_wait_ms(pg), &tcp));
     }
     return braid__cuda_ipc_wrap(pg->rank, tcp, &d->conn[i]);
 }

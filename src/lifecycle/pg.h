@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "braid.h"
+#include "clock.h"
 #include "braid_transport.h"
 #include "bootstrap/store.h"
 #include "algo/coll.h"
@@ -41,6 +42,7 @@ struct braid_pg {
     braid_transport_ctx ctx;
     int timeout_ms;
     int init_timeout_ms;        /* until every rank has reached the store (BRAID_INIT_TIMEOUT_MS) */
+    int64_t init_deadline;      /* while the group forms: when the init timeout ends (0 after) */
     size_t chunk_bytes;
     braid_algo algo;
     int checksum;               /* CRC32C every message (transports/checksum/checksum.c); same on every rank */
@@ -164,5 +166,17 @@ void braid__group_release(braid_pg *pg);
 
 /* Run one collective on the calling thread (pg_algo.c, then algo/dispatch.c). */
 braid_status braid__coll_run(braid_pg *pg, braid_coll *coll);
+
+/* How long a wait of the group's start may take: the group timeout,
+ * and no longer than the init timeout has left while the group forms. */
+static inline int braid__pg_init_wait_ms(const braid_pg *pg)
+{
+    if (pg->init_deadline == 0)
+        return pg->timeout_ms;
+    int64_t left = pg->init_deadline - braid__now_ms();
+    if (left < 1)
+        left = 1;
+    return left < pg->timeout_ms ? (int)left : pg->timeout_ms;
+}
 
 #endif

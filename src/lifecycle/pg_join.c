@@ -12,7 +12,9 @@
 #include "bootstrap/store.h"
 #include "transports/checksum/checksum.h"
 #include "device_coll_group.h"
+#include "clock.h"
 #include "devlink.h"
+#include "fault_inject.h"
 #include "hmem.h"
 #include "log.h"
 #include "param.h"
@@ -38,7 +40,7 @@ static braid_status store_barrier(braid_pg *pg, const char *name)
         BRAID_CHECK(braid__store_set(pg->store, key, "1", 1));
     char v[4];
     size_t len;
-    return braid__store_get(pg->store, key, v, sizeof(v), &len, pg->timeout_ms);
+    return braid__store_get(pg->store, key, v, sizeof(v), &len, braid__pg_init_wait_ms(pg));
 }
 
 /* Every rank's addresses, one record per rank with a slot per transport
@@ -53,7 +55,7 @@ static braid_status exchange_addresses(braid_pg *pg)
             continue;
         size_t len;
         snprintf(key, sizeof(key), "addr/%d", i);
-        BRAID_CHECK(braid__store_get(pg->store, key, pg->addr[i], sizeof(pg->addr[i]), &len, pg->timeout_ms));
+        BRAID_CHECK(braid__store_get(pg->store, key, pg->addr[i], sizeof(pg->addr[i]), &len, braid__pg_init_wait_ms(pg)));
         int ok = len == sizeof(pg->addr[i]);
         for (int id = 0; ok && id < BRAID_TRANSPORT_ID_COUNT; id++)
             ok = memchr(pg->addr[i][id], '\0', BRAID_ADDR_MAX) != NULL;
@@ -119,7 +121,7 @@ static braid_status exchange_hosts(braid_pg *pg)
         if (i == pg->rank)
             continue;
         snprintf(key, sizeof(key), "host/%d", i);
-        BRAID_CHECK(braid__store_get(pg->store, key, other, sizeof(other), &len, pg->timeout_ms));
+        BRAID_CHECK(braid__store_get(pg->store, key, other, sizeof(other), &len, braid__pg_init_wait_ms(pg)));
         if (len == 0 || len > sizeof(other) || other[len - 1] != '\0')
             return braid__error(BRAID_ERR_PEER, "rank %d: rank %d published a malformed host identity", pg->rank, i);
         pg->host_hash[i] = host_hash(other);
@@ -145,7 +147,7 @@ static braid_status agree_tag(braid_pg *pg)
         BRAID_CHECK(braid__random_bytes(&tag, sizeof(tag)));
         BRAID_CHECK(braid__store_set(pg->store, "pg_tag", &tag, sizeof(tag)));
     }
-    BRAID_CHECK(braid__store_get(pg->store, "pg_tag", &tag, sizeof(tag), &len, pg->timeout_ms));
+    BRAID_CHECK(braid__store_get(pg->store, "pg_tag", &tag, sizeof(tag), &len, braid__pg_init_wait_ms(pg)));
     if (len != sizeof(tag))
         return braid__error(BRAID_ERR_PEER, "rank %d: malformed group tag in the store", pg->rank);
     pg->ctx.pg_tag = tag;
@@ -178,7 +180,7 @@ static braid_status select_transport(braid_pg *pg, const char *want)
         if (i == pg->rank)
             continue;
         snprintf(key, sizeof(key), "tvote/%d", i);
-        BRAID_CHECK_GOTO(braid__store_get(pg->store, key, vote, BRAID_TRANSPORT_VOTE_MAX, &len, pg->timeout_ms), st,
+        BRAID_CHECK_GOTO(braid__store_get(pg->store, key, vote, BRAID_TRANSPORT_VOTE_MAX, &len, braid__pg_init_wait_ms(pg)), st,
                          out);
         if (len == 0 || len > BRAID_TRANSPORT_VOTE_MAX || vote[len - 1] != '\0') {
             st = braid__error(BRAID_ERR_PEER, "rank %d: rank %d published a malformed transport vote", pg->rank, i);
@@ -220,7 +222,7 @@ static braid_status listen_all(braid_pg *pg, const char *want)
     return BRAID_OK;
 }
 
-braid_status braid__pg_join(braid_pg *pg, const braid_rendezvous *rv, const braid_config *cfg)
+static braid_status join_steps(braid_pg *pg, const braid_rendezvous *rv, const braid_config *cfg)
 {
     BRAID_CHECK(braid__pg_apply_config(pg, cfg));
     if (rv->launch_error[0])
@@ -232,7 +234,11 @@ braid_status braid__pg_join(braid_pg *pg, const braid_rendezvous *rv, const brai
     if (pg->wake_fd < 0)
         return braid__error(BRAID_ERR_SYSTEM, "rank %d: eventfd: %m", pg->rank);
 
+    /* From here every wait of the start is bounded by the init timeout too:
+     * a rank that dies while the group forms stops the others by then. */
+    pg->init_deadline = braid__now_ms() + pg->init_timeout_ms;
     BRAID_CHECK(braid__pg_rendezvous(pg, rv));
+    braid__fault_exit_in_init("joined");
     BRAID_CHECK(agree_tag(pg));
     BRAID_CHECK(braid__checksum_announce(pg->store, pg->checksum)); /* before our address: see below */
 
@@ -266,7 +272,7 @@ braid_status braid__pg_join(braid_pg *pg, const braid_rendezvous *rv, const brai
     BRAID_CHECK(braid__devcoll_exchange(pg));
     BRAID_CHECK(braid__shrink_prepare(pg, cfg));
     BRAID_CHECK(store_barrier(pg, "init"));
-    BRAID_CHECK(braid__checksum_agree(pg->store, pg->rank, pg->size, pg->checksum, checksum_ranks, pg->timeout_ms));
+    BRAID_CHECK(braid__checksum_agree(pg->store, pg->rank, pg->size, pg->checksum, checksum_ranks, braid__pg_init_wait_ms(pg)));
     /* That was the last store call: nothing later needs the store. */
     braid__store_close(pg->store);
     pg->store = NULL;
@@ -296,10 +302,28 @@ braid_status braid__pg_join(braid_pg *pg, const braid_rendezvous *rv, const brai
     char socks[16] = "auto";
     if (pg->ctx.nsocks > 0)
         snprintf(socks, sizeof(socks), "%d", pg->ctx.nsocks);
+    pg->init_deadline = 0; /* formed: from here the group timeout alone bounds its waits */
     BRAID_INFO("rank %d of %d joined via %s:%d, transport %s, listening on %s, %s sockets/peer, chunk %zu, "
                "%s for %d same-host peers, %d cuda_ipc device links",
                pg->rank, pg->size, rv->host, rv->port, pg->transport->name, pg->addr[pg->rank][group_id],
                socks, pg->chunk_bytes, local ? local->name : "none", nlocal,
                braid__devlink_count(pg));
     return BRAID_OK;
+}
+
+braid_status braid__pg_join(braid_pg *pg, const braid_rendezvous *rv, const braid_config *cfg)
+{
+    braid_status st = join_steps(pg, rv, cfg);
+    /* A wait that the init timeout cut short, after every rank had joined:
+     * one of them stopped answering while the group formed. */
+    if (st == BRAID_ERR_TIMEOUT && pg->init_deadline != 0 && braid__now_ms() >= pg->init_deadline) {
+        char why[512];
+        snprintf(why, sizeof(why), "%s", braid__error_detail());
+        return braid__error(st,
+                            "rank %d: the group did not form within the init timeout (%d ms, "
+                            "BRAID_INIT_TIMEOUT_MS): every rank had reached the store, then one stopped answering "
+                            "(died?): %s",
+                            pg->rank, pg->init_timeout_ms, why);
+    }
+    return st;
 }

@@ -106,7 +106,7 @@ braid_status braid__shrink_prepare(braid_pg *pg, const braid_config *cfg)
         if (p == pg->rank)
             continue;
         snprintf(key, sizeof(key), "shrink/%d", p);
-        BRAID_CHECK(braid__store_get(pg->store, key, s->addr[p], sizeof(s->addr[p]), &len, pg->timeout_ms));
+        BRAID_CHECK(braid__store_get(pg->store, key, s->addr[p], sizeof(s->addr[p]), &len, braid__pg_init_wait_ms(pg)));
         if (len == 0 || s->addr[p][len - 1] != '\0')
             return braid__error(BRAID_ERR_PEER, "rank %d: rank %d published a malformed shrink address", pg->rank, p);
     }
