@@ -5,7 +5,9 @@
 #    where <libdir> is meson's (lib/<multiarch> on Debian), and nccl.h in
 #    <includedir>/braid-nccl, as docs/NCCL_COMPAT.md says;
 #  - `pkg-config --cflags --libs nccl` finds braid's nccl.pc and gives
-#    flags with which a program compiles, links and runs on braid's library.
+#    flags with which a program compiles, links and runs on braid's library;
+#  - the installed braid-bench's run path is that libdir, so it starts
+#    without LD_LIBRARY_PATH.
 # usage: test_nccl_install.sh BUILD_DIR SOURCE_DIR
 set -eu
 build=$1
@@ -30,6 +32,15 @@ for f in "$libdir/braid-nccl/libnccl.so.2" "$libdir/braid-nccl/libnccl.so" "$inc
     if [ -e "$tmp/root$f" ]; then echo "installed: $f"; else echo "FAIL: $f not installed"; fail=1; fi
 done
 [ $fail = 0 ] || { find "$tmp/root" -name 'libnccl*' -o -name 'nccl.*'; exit 1; }
+# An installed braid-bench starts without LD_LIBRARY_PATH: its run path is
+# the libdir libbraid.so.0 goes to.
+bindir=$(opt bindir)
+case $bindir in /*) ;; *) bindir=$prefix/$bindir ;; esac
+if command -v readelf >/dev/null 2>&1; then
+    readelf -d "$tmp/root$bindir/braid-bench" | grep -E 'R(UN)?PATH' | grep -qF "[$libdir]" ||
+        { readelf -d "$tmp/root$bindir/braid-bench" | grep -E 'R(UN)?PATH'; echo "FAIL: installed braid-bench has no run path to $libdir"; exit 1; }
+    echo "installed: $bindir/braid-bench, run path $libdir"
+fi
 # The documented location, with Debian's multiarch libdir spelled out.
 grep -q 'lib/<multiarch>/braid-nccl' "$src/docs/NCCL_COMPAT.md" ||
     { echo "FAIL: docs/NCCL_COMPAT.md does not give lib/<multiarch>/braid-nccl"; exit 1; }

@@ -36,11 +36,29 @@
  * hop count, not the bandwidth, sets the time. */
 #define TREE_BCAST_MAX_BYTES (64 * 1024)
 
+/* algo_logged bits above the all-reduce algorithms': the broadcast's. */
+#define LOGGED_BCAST_TREE (1u << 16)
+#define LOGGED_BCAST_CHAIN (1u << 17)
+_Static_assert(BRAID_ALGO_COUNT <= 16, "the all-reduce algorithms' bits stay below the broadcast's");
+
+/* Logs each broadcast algorithm's first use in the group at INFO. */
+static void log_broadcast(const braid_algo_ctx *ctx, unsigned bit, const char *name, size_t bytes)
+{
+    if (*ctx->algo_logged & bit)
+        return;
+    *ctx->algo_logged |= bit;
+    BRAID_INFO("rank %d: broadcast algorithm %s (first used for %zu bytes, %d ranks)", ctx->rank, name, bytes,
+               ctx->size);
+}
+
 static braid_status run_broadcast(const braid_algo_ctx *ctx, braid_algo_run *run)
 {
     size_t bytes = run->coll->count * braid_dtype_size(run->coll->dtype);
-    if (ctx->size > 2 && bytes <= TREE_BCAST_MAX_BYTES)
+    if (ctx->size > 2 && bytes <= TREE_BCAST_MAX_BYTES) {
+        log_broadcast(ctx, LOGGED_BCAST_TREE, "tree", bytes);
         return braid__tree_broadcast(run);
+    }
+    log_broadcast(ctx, LOGGED_BCAST_CHAIN, "pipelined chain", bytes);
     return braid__chain_broadcast(run);
 }
 

@@ -54,6 +54,12 @@ static void log_init(void)
     if (file && *file)
         open_log_file(file);
     __atomic_store_n(&braid__log_level_cached, level, __ATOMIC_RELEASE);
+#ifndef BRAID_ENABLE_TRACE
+    /* Said once: the level is cached above, so this line does not come back here. */
+    if (level == BRAID_LOG_TRACE)
+        BRAID_INFO("BRAID_DEBUG=TRACE: this build has no trace lines (configure with -Dtrace=true); the log shows "
+                   "INFO and WARN");
+#endif
 }
 
 int braid__log_level(void)

@@ -172,9 +172,15 @@ static int client_recv(client *c, uint8_t *buf, size_t *pos, size_t len)
         if (n > 0) {
             *pos += (size_t)n;
         } else if (n == 0) {
-            /* A rank that is done closes between requests: not an error. */
-            braid__store_client_drop(c, *pos == 0 && c->state == CL_HEADER ? BRAID_LOG_INFO : BRAID_LOG_WARN,
-                                     "connection closed");
+            /* A rank that is done closes between requests: not an error,
+             * and not worded as one. */
+            if (*pos == 0 && c->state == CL_HEADER && c->rank >= 0) {
+                BRAID_INFO("store: rank %d (%s) is done with the store and left", c->rank, c->addr);
+                c->state = CL_DEAD;
+            } else {
+                braid__store_client_drop(c, *pos == 0 && c->state == CL_HEADER ? BRAID_LOG_INFO : BRAID_LOG_WARN,
+                                         "connection closed");
+            }
             return -1;
         } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
             return 0;

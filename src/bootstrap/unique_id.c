@@ -201,6 +201,7 @@ braid_status braid__env_rendezvous(int *rank, int *size, braid_rendezvous *rv)
     int r, s;
     BRAID_CHECK(env_int(size_name, size_text, 1, BRAID_MAX_RANKS, &s));
     BRAID_CHECK(env_int(rank_name, rank_text, 0, BRAID_MAX_RANKS - 1, &r));
+    braid__log_set_rank(r); /* the warnings below (a public secret, a refused key file) name it */
     rv->launch_error[0] = '\0';
     if (r >= s)
         snprintf(rv->launch_error, sizeof(rv->launch_error), "%s=%d is not below %s=%d", rank_name, r, size_name, s);

@@ -11,6 +11,7 @@
 #include "bootstrap/sock.h"
 #include "bootstrap/store.h"
 #include "transports/checksum/checksum.h"
+#include "transports/tcp/tcp_conn.h"
 #include "device_coll_group.h"
 #include "clock.h"
 #include "devlink.h"
@@ -299,7 +300,8 @@ static braid_status join_steps(braid_pg *pg, const braid_rendezvous *rv, const b
     for (int p = 0; p < pg->size; p++)
         nlocal += p != pg->rank && pg->link[p] != group_id;
     const braid_transport_ops *local = braid__transport_some_pairs(pg->listeners);
-    char socks[16] = "auto";
+    char socks[64];
+    snprintf(socks, sizeof(socks), "auto (tcp: 1 on loopback, %d across a network)", BRAID_TCP_DEFAULT_SOCKS);
     if (pg->ctx.nsocks > 0)
         snprintf(socks, sizeof(socks), "%d", pg->ctx.nsocks);
     pg->init_deadline = 0; /* formed: from here the group timeout alone bounds its waits */
