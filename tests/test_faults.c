@@ -149,6 +149,7 @@ static int mismatch_body(braid_pg *pg, void *arg)
     braid_status st = braid_allreduce(pg, buf, buf, count, BRAID_F32, BRAID_SUM, NULL, NULL);
     printf("rank %d: mismatched all-reduce returned %s after %lld ms: %s\n", rank, braid_status_string(st),
            (long long)(braid__now_ms() - t0), braid_last_error());
+    fflush(stdout); /* the rank leaves with _exit */
     free(buf);
     if (st == BRAID_OK)
         HARNESS_FAIL("rank %d: mismatched all-reduce succeeded", rank);

@@ -521,6 +521,7 @@ static int squat_body(braid_pg *pg, void *arg)
     if (braid_allreduce(np, &x, &x, 1, BRAID_F32, BRAID_SUM, NULL, NULL) != BRAID_OK || x != 2)
         HARNESS_FAIL("rank %d: all-reduce in the group of 2: %s", me, braid_last_error());
     printf("rank %d: shrink past squatter mode %d took %.0f ms\n", me, sq->mode, took * 1000);
+    fflush(stdout); /* the rank leaves with _exit */
     if (took > SQUAT_TIMEOUT_MS / 1000.0)
         HARNESS_FAIL("rank %d: shrink took %.2f s", me, took);
     braid_pg_destroy(np);
