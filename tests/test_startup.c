@@ -239,6 +239,9 @@ START_TEST(test_rank_never_joins)
                       "rank %d failed after %ld ms", r, res[r].elapsed_ms);
     }
     ASSERT_HAS(res[1].error, "rank 1: the group did not form; rank 0 reports: rank 0: rank 2 never joined");
+    /* Not taken for a rank that joined and then stopped answering. */
+    for (int r = 0; r < 2; r++)
+        ck_assert_msg(!strstr(res[r].error, "stopped answering"), "rank %d: %s", r, res[r].error);
     /* Reports at about 1, 2 and 3 s: at least two even under load. */
     int reports = count_of(res[0].log, "2 of 3 ranks joined the store at");
     ck_assert_msg(reports >= 2 && reports <= 4, "%d reports in rank 0's log: %s", reports, res[0].log);

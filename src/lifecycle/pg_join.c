@@ -223,22 +223,9 @@ static braid_status listen_all(braid_pg *pg, const char *want)
     return BRAID_OK;
 }
 
-static braid_status join_steps(braid_pg *pg, const braid_rendezvous *rv, const braid_config *cfg)
+/* Everything of the start after every rank reached the store. */
+static braid_status form_group(braid_pg *pg, const braid_rendezvous *rv, const braid_config *cfg)
 {
-    BRAID_CHECK(braid__pg_apply_config(pg, cfg));
-    if (rv->launch_error[0])
-        return braid__pg_report_launch_mistake(pg, rv);
-    braid__hmem_pg_prepare(pg); /* before any rank of the group can hold a stream */
-    braid__devcoll_prepare(pg);
-    memcpy(pg->ctx.secret, rv->secret, sizeof(pg->ctx.secret));
-    pg->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (pg->wake_fd < 0)
-        return braid__error(BRAID_ERR_SYSTEM, "rank %d: eventfd: %m", pg->rank);
-
-    /* From here every wait of the start is bounded by the init timeout too:
-     * a rank that dies while the group forms stops the others by then. */
-    pg->init_deadline = braid__now_ms() + pg->init_timeout_ms;
-    BRAID_CHECK(braid__pg_rendezvous(pg, rv));
     braid__fault_exit_in_init("joined");
     BRAID_CHECK(agree_tag(pg));
     BRAID_CHECK(braid__checksum_announce(pg->store, pg->checksum)); /* before our address: see below */
@@ -315,7 +302,21 @@ static braid_status join_steps(braid_pg *pg, const braid_rendezvous *rv, const b
 
 braid_status braid__pg_join(braid_pg *pg, const braid_rendezvous *rv, const braid_config *cfg)
 {
-    braid_status st = join_steps(pg, rv, cfg);
+    BRAID_CHECK(braid__pg_apply_config(pg, cfg));
+    if (rv->launch_error[0])
+        return braid__pg_report_launch_mistake(pg, rv);
+    braid__hmem_pg_prepare(pg); /* before any rank of the group can hold a stream */
+    braid__devcoll_prepare(pg);
+    memcpy(pg->ctx.secret, rv->secret, sizeof(pg->ctx.secret));
+    pg->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (pg->wake_fd < 0)
+        return braid__error(BRAID_ERR_SYSTEM, "rank %d: eventfd: %m", pg->rank);
+
+    /* From here every wait of the start is bounded by the init timeout too:
+     * a rank that dies while the group forms stops the others by then. */
+    pg->init_deadline = braid__now_ms() + pg->init_timeout_ms;
+    BRAID_CHECK(braid__pg_rendezvous(pg, rv)); /* names missing ranks itself */
+    braid_status st = form_group(pg, rv, cfg);
     /* A wait that the init timeout cut short, after every rank had joined:
      * one of them stopped answering while the group formed. */
     if (st == BRAID_ERR_TIMEOUT && pg->init_deadline != 0 && braid__now_ms() >= pg->init_deadline) {
