@@ -371,10 +371,28 @@ void braid__devcoll_prepare(braid_pg *pg)
     pg->devcoll = region_make(pg, device);
 }
 
+/* Kernels reach peers' regions only on one host; every rank knows every
+ * host once the group has formed, so each decides this alike, unasked. */
+static int spans_hosts(const braid_pg *pg)
+{
+    for (int p = 1; p < pg->size; p++)
+        if (pg->host_hash[p] != pg->host_hash[0])
+            return 1;
+    return 0;
+}
+
 braid_status braid__devcoll_exchange(braid_pg *pg)
 {
     if (!wanted(pg))
         return BRAID_OK;
+    if (spans_hosts(pg)) {
+        pg->devcoll_agreed = 1;
+        if (pg->devcoll)
+            group_free(pg->devcoll); /* never exported: nobody maps it */
+        pg->devcoll = NULL;
+        BRAID_INFO("rank %d: device collectives off: the group spans hosts", pg->rank);
+        return BRAID_OK;
+    }
     region_record none, recs[BRAID_DEVCOLL_MAX_RANKS];
     memset(&none, 0, sizeof(none));
     none.ok = pg->devcoll_no_context ? 2 : 0;

@@ -46,6 +46,7 @@ static int devcoll_mode(void)
 
 #ifdef BRAID_CUDA_FAKE
 #include "devlink.h"
+#include "pg.h"
 unsigned long cuda_fake_kernel_launches(void); /* tests/cuda_fake.c */
 unsigned long cuda_fake_devcoll_launches(void); /* tests/cuda_fake_devcoll.c */
 unsigned long cuda_fake_copies(void);           /* tests/cuda_fake.c */
@@ -1048,6 +1049,42 @@ static int devcoll_leaver_body(braid_pg *pg, void *arg)
     return 0;
 }
 
+static void run_ranks(int n, harness_rank_fn fn, int timeout_s);
+
+#ifdef BRAID_CUDA_FAKE
+/* Two pretend hosts: device kernels cannot reach a region on another host,
+ * so the group decides "off" when it forms, even though no rank had a
+ * context then, and its device calls take the other paths. */
+static void hosts_setup(int rank)
+{
+    setenv("BRAID_HOST_ID", rank == 0 ? "host-a" : "host-b", 1);
+}
+
+static int hosts_body(braid_pg *pg, void *arg)
+{
+    (void)arg;
+    int rank = braid_pg_rank(pg);
+    if (!pg->devcoll_agreed || pg->devcoll)
+        HARNESS_FAIL("rank %d: a group across hosts left device collectives undecided at init", rank);
+    if (pick_device(rank))
+        return 1;
+    unsigned long launches = cuda_fake_devcoll_launches();
+    if (check_allreduce(pg, BRAID_F32, BRAID_SUM, 4099, 0, MODE_BLOCKING, 7))
+        return 1;
+    if (cuda_fake_devcoll_launches() != launches)
+        HARNESS_FAIL("rank %d: a device-collective kernel ran across hosts", rank);
+    return 0;
+}
+
+START_TEST(hosts_2)
+{
+    harness_rank_setup = hosts_setup;
+    run_ranks(2, hosts_body, 120);
+    harness_rank_setup = NULL;
+}
+END_TEST
+#endif
+
 static void run_leaver(int dies)
 {
     braid_config cfg = BRAID_CONFIG_INIT;
@@ -1176,6 +1213,12 @@ int main(void)
         tcase_set_timeout(tc, 600);
         tcase_add_test(tc, devcoll_idle_3);
         suite_add_tcase(s, tc);
+#ifdef BRAID_CUDA_FAKE
+        tc = tcase_create("hosts_2");
+        tcase_set_timeout(tc, 600);
+        tcase_add_test(tc, hosts_2);
+        suite_add_tcase(s, tc);
+#endif
         tc = tcase_create("crossed_2");
         tcase_set_timeout(tc, 600);
         tcase_add_test(tc, crossed_2);
