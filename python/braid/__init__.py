@@ -131,11 +131,14 @@ class ProcessGroup:
 
     ProcessGroup()                                  -> from the launcher environment
     ProcessGroup(rank=r, size=n, unique_id=uid)     -> from unique_id() bytes
-    timeout_ms / nsocks / chunk_bytes override the BRAID_* environment.
+    timeout_ms / nsocks / chunk_bytes / init_timeout_ms override the BRAID_*
+    environment.
     """
 
-    def __init__(self, rank=None, size=None, unique_id=None, timeout_ms=0, nsocks=0, chunk_bytes=0):
-        cfg = _lib.Config(ctypes.sizeof(_lib.Config), int(timeout_ms), int(nsocks), int(chunk_bytes), 0, None, None, 0)
+    def __init__(self, rank=None, size=None, unique_id=None, timeout_ms=0, nsocks=0, chunk_bytes=0,
+                 init_timeout_ms=0):
+        cfg = _lib.Config(ctypes.sizeof(_lib.Config), int(timeout_ms), int(nsocks), int(chunk_bytes), 0, None, None, 0,
+                          int(init_timeout_ms))
         handle = ctypes.c_void_p()
         if unique_id is None:
             if rank is not None or size is not None:

@@ -20,10 +20,11 @@ order braid completes them in) and completes their Futures. The
 return a completed Future, for comparison or debugging.
 """
 
-import queue
 import threading
 
 import torch
+
+from ._completer import Completer
 
 __all__ = [
     "allreduce_hook",
@@ -47,31 +48,6 @@ def _completed(tensor):
     return fut
 
 
-class _Completer:
-    """Waits for braid works in issue order and completes their Futures.
-    braid_wait drops the GIL (a ctypes call), so this thread costs autograd
-    nothing while it waits."""
-
-    def __init__(self):
-        self._q = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="braid-hook", daemon=True)
-        self._thread.start()
-
-    def submit(self, work, fut, finish):
-        self._q.put((work, fut, finish))
-
-    def _run(self):
-        while True:
-            work, fut, finish = self._q.get()
-            try:
-                work.wait()
-                result = finish()
-            except Exception as e:  # hand the BraidError to whoever waits on fut
-                fut.set_exception(e)
-            else:
-                fut.set_result(result)
-
-
 _completers_lock = threading.Lock()
 
 
@@ -80,7 +56,7 @@ def _completer(state):
     with _completers_lock:
         c = getattr(state, "_braid_hook_completer", None)
         if c is None:
-            c = _Completer()
+            c = Completer("braid-hook")
             state._braid_hook_completer = c
         return c
 
