@@ -1,17 +1,71 @@
-"""Completes torch Futures as braid's works finish, without a thread per
+"""Completing torch Futures as braid's works finish, without a thread per
 call.
 
-One thread at a time, the leader, waits for the works in issue order (the
-order braid completes them in). braid_wait drops the GIL (a ctypes call), so
-waiting costs the caller nothing. Completing a Future runs its callbacks on
-the completing thread, and a callback may wait for a later call of the same
-group (PowerSGD's hook does): so the leader hands leadership to an idle
-thread before it completes a Future, starting one only where none is idle.
-A group needs as many threads as callbacks block at once, plus one.
+A Pending is one braid work, the Future it completes and a finish step
+(copying results out). Whoever needs it first settles it: a thread that
+waits for the call does the waiting itself (no hand-over between threads
+on the path of a blocking call), and the group's Completer settles those
+whose Future was asked for (DDP's reducer, then() chains).
+
+One Completer thread at a time, the leader, waits for works. braid_wait
+drops the GIL (a ctypes call), so waiting costs the caller nothing.
+Completing a Future runs its callbacks on the completing thread, and a
+callback may wait for a later call of the same group (PowerSGD's hook
+does): so the leader hands leadership to an idle thread before it completes
+a Future, starting one only where none is idle. A group needs as many
+threads as callbacks block at once, plus one.
 """
 
 import queue
 import threading
+
+
+class Pending:
+    """work: has wait() (raising on failure) and is_completed(); fut: has
+    set_result and set_exception; finish() gives the result once work is
+    done."""
+
+    __slots__ = ("work", "fut", "finish", "_lock", "_taken")
+
+    def __init__(self, work, fut, finish):
+        self.work, self.fut, self.finish = work, fut, finish
+        self._lock = threading.Lock()
+        self._taken = False
+
+    def collect(self):
+        """Wait for the work and run finish, once: returns (result, error),
+        or None where another thread took it."""
+        with self._lock:
+            if self._taken:
+                return None
+            self._taken = True
+            try:
+                self.work.wait()
+                return self.finish(), None
+            except Exception as e:  # whoever waits on fut gets the error
+                return None, e
+
+    def publish(self, outcome):
+        if outcome is None:
+            return
+        result, error = outcome
+        if error is not None:
+            self.fut.set_exception(error)
+        else:
+            self.fut.set_result(result)
+
+    def settle(self):
+        """Wait for it here (the caller's thread) and complete its Future."""
+        self.publish(self.collect())
+
+    def settle_if_done(self):
+        """Settle it when its work has finished; True once it is settled."""
+        if self._taken:
+            return True
+        if not self.work.is_completed():
+            return False
+        self.settle()
+        return True
 
 
 class Completer:
@@ -31,11 +85,10 @@ class Completer:
             self._idle += 1
         t.start()
 
-    def submit(self, work, fut, finish):
-        """When work (anything with wait(), raising on failure) is done, run
-        finish() and complete fut with its value, or with the exception
-        either raised."""
-        self._q.put((work, fut, finish))
+    def submit(self, pending):
+        """Settle pending (a Pending) once its work is done, unless a
+        waiter does it first."""
+        self._q.put(pending)
 
     def stop(self):
         """End the threads once every work submitted so far is done."""
@@ -51,23 +104,15 @@ class Completer:
             with self._leader:
                 with self._mu:
                     self._idle -= 1
-                item = self._q.get()
-                if item is None:
+                pending = self._q.get()
+                if pending is None:
                     self._q.put(None)  # every thread sees the end
                     return
-                work, fut, finish = item
-                try:
-                    work.wait()
-                    result, error = finish(), None
-                except Exception as e:  # whoever waits on fut gets the error
-                    result, error = None, e
+                outcome = pending.collect()
                 with self._mu:
                     lonely = self._idle == 0
-                if lonely:
+                if lonely and outcome is not None:
                     self._spawn()
-            if error is not None:
-                fut.set_exception(error)
-            else:
-                fut.set_result(result)
+            pending.publish(outcome)
             with self._mu:
                 self._idle += 1

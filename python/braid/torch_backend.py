@@ -33,6 +33,7 @@ raises at once, naming the call and the reason.
 import collections
 import ctypes
 import inspect
+import sys
 import threading
 import weakref
 
@@ -40,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 from . import BraidError, ProcessGroup as _Group, Work as _Work, _LIB, _lib, unique_id
-from ._completer import Completer
+from ._completer import Completer, Pending
 
 __all__ = ["BACKEND", "BraidProcessGroup"]
 
@@ -51,13 +52,10 @@ _U8 = _lib.DTYPES["uint8"]
 # torch dtypes braid reduces, one to one (torch.uint32/uint64 exist from
 # torch 2.3 on).
 _DTYPE = {getattr(torch, n): code for n, code in _lib.DTYPES.items() if hasattr(torch, n)}
-_OPS = (
-    (dist.ReduceOp.SUM, "sum"),
-    (dist.ReduceOp.PRODUCT, "prod"),
-    (dist.ReduceOp.MIN, "min"),
-    (dist.ReduceOp.MAX, "max"),
-    (dist.ReduceOp.AVG, "avg"),
-)
+# torch's ReduceOp -> braid's op, keyed by its RedOpType (hashable on
+# every torch; a ReduceOp made with a factor carries its type in .op).
+_OP_CODES = {getattr(getattr(dist.ReduceOp, name), "op", getattr(dist.ReduceOp, name)): _lib.OPS[ours]
+             for name, ours in (("SUM", "sum"), ("PRODUCT", "prod"), ("MIN", "min"), ("MAX", "max"), ("AVG", "avg"))}
 # Works handed to C++ (DDP's reducer, buffer broadcasts) are used at once
 # there; a Work whose Python object is gone falls back to torch's base
 # class, whose wait() never returns. The group keeps this many of its
@@ -115,31 +113,40 @@ class _Discard:
 
 
 class _BraidWork(dist.Work):
-    """torch's Work over a torch Future: wait() raises the call's error
-    (torch's Work made from a Future drops it)."""
+    """torch's Work for one call (or one batch). wait() waits for braid's
+    work on the calling thread and raises the call's error (torch's Work
+    made from a Future drops it); get_future() hands the call to the
+    group's Completer."""
 
-    def __init__(self, fut):
+    def __init__(self, fut, pending=None, completer=None):
         super().__init__()
-        self._fut = fut
+        self._fut, self._pending, self._completer = fut, pending, completer
+        self._asked = False
+
+    def _attach(self, pending, completer):
+        self._pending, self._completer = pending, completer
 
     def wait(self, timeout=None):
+        if self._pending is not None:
+            self._pending.settle()
         self._fut.wait()  # raises the call's error
         return True
 
     def get_future(self):
+        if self._pending is not None and not self._asked:
+            self._asked = True
+            self._completer.submit(self._pending)
         return self._fut
 
     def is_completed(self):
+        if self._pending is not None and not self._pending.settle_if_done():
+            return False
         return self._fut.done()
 
     def is_success(self):
-        if not self._fut.done():
+        if not self.is_completed():
             return False
-        try:
-            self._fut.value()
-        except Exception:
-            return False
-        return True
+        return self.exception() is None
 
     def exception(self):
         try:
@@ -149,6 +156,7 @@ class _BraidWork(dist.Work):
         return None
 
     def result(self):
+        self.wait()
         return self._fut.value()
 
     def synchronize(self):
@@ -221,9 +229,9 @@ class BraidProcessGroup(dist.ProcessGroup):
 
     def _op(self, op, what, t):
         """(braid op, pre-multiply scalar bytes or None) for torch's op."""
-        for torch_op, name in _OPS:
-            if op == torch_op:
-                return _lib.OPS[name], None
+        code = _OP_CODES.get(getattr(op, "op", op))
+        if code is not None:
+            return code, None
         if op == dist.ReduceOp.PREMUL_SUM:
             factor = _premul_factor(op)
             if factor is None:
@@ -253,39 +261,37 @@ class BraidProcessGroup(dist.ProcessGroup):
             if self._closed:
                 raise _invalid(what, "the process group was destroyed")
             batch = self._batch
-            with torch.cuda.device(device) if cuda else _nothing():
-                h = ctypes.c_void_p()
-                status = call(None if batch is not None else ctypes.byref(h))
+            h = ctypes.c_void_p()
+            blocking = batch is None and not cuda and _caller_waits()
+            out = None if batch is not None or blocking else ctypes.byref(h)
+            if cuda:
+                with torch.cuda.device(device):
+                    status = call(out)
+            else:
+                status = call(out)
             if status != _lib.BRAID_OK:
                 _raise_status(status, "rank %d: %s" % (self.rank(), what))
             if batch is not None:
-                batch.append((fut, finish, keep, cuda))
-                return self._work(fut)
-        self._complete(_Work(h, keep, what), fut, finish, cuda)
-        return self._work(fut)
-
-    def _work(self, fut):
-        w = _BraidWork(fut)
-        self._works.append(w)
-        return w
-
-    def _complete(self, work, fut, finish, cuda):
+                work = self._work(fut)
+                batch.append((fut, finish, keep, cuda, work))
+                return work
+        if blocking:
+            fut.set_result(finish())
+            return self._work(fut)
+        work = _Work(h, keep, what)
         if cuda:
             # Stream-ordered: the result is in place for later work on the
-            # stream; the Future records that point.
+            # stream, and the Future records that point; braid's work is
+            # left to the Completer (a failure shows in the next call).
             fut.set_result(finish())
-            self._completer.submit(work, _Discard(), lambda: None)
-            return
-        if work.is_completed():
-            try:
-                work.wait()
-                result = finish()
-            except Exception as e:
-                fut.set_exception(e)
-            else:
-                fut.set_result(result)
-            return
-        self._completer.submit(work, fut, finish)
+            self._completer.submit(Pending(work, _Discard(), _none))
+            return self._work(fut)
+        return self._work(fut, Pending(work, fut, finish))
+
+    def _work(self, fut, pending=None):
+        w = _BraidWork(fut, pending, self._completer)
+        self._works.append(w)
+        return w
 
     def _grouped(self, what, device, calls, keep, finish):
         """Run calls (each issues one braid call with work=None) as one
@@ -319,16 +325,20 @@ class BraidProcessGroup(dist.ProcessGroup):
                            % (self.rank(), len(batch), _LIB.braid_last_error().decode(errors="replace")))
             _FanOut(futs).set_exception(e)
             raise e
-        keep = [b[2] for b in batch]
-        work = _Work(h, keep, "a batch of %d calls" % len(batch))
+        work = _Work(h, [b[2] for b in batch], "a batch of %d calls" % len(batch))
         if any(b[3] for b in batch):
             _FanOut(futs).set_result([b[1]() for b in batch])
-            self._completer.submit(work, _Discard(), lambda: None)
+            self._completer.submit(Pending(work, _Discard(), _none))
+            pending = None
         else:
-            self._completer.submit(work, _FanOut(futs), lambda: [b[1]() for b in batch])
-        done = torch.futures.Future()
-        done.set_result(None)
-        return self._work(torch.futures.collect_all(futs) if futs else done)
+            pending = Pending(work, _FanOut(futs), lambda: [b[1]() for b in batch])
+            for b in batch:
+                b[4]._attach(pending, self._completer)
+        if not futs:
+            done = torch.futures.Future()
+            done.set_result([])
+            return self._work(done)
+        return self._work(torch.futures.collect_all(futs), pending)
 
     # ---- collectives ---------------------------------------------------
 
@@ -615,12 +625,27 @@ class _BraidBatch:
         return False
 
 
-class _nothing:
-    def __enter__(self):
-        return self
+def _none():
+    return None
 
-    def __exit__(self, *exc):
-        return False
+
+_C10D = dist.distributed_c10d.__file__
+
+
+def _caller_waits():
+    """True when the call came from torch.distributed's own function with
+    async_op=False: it waits for the Work as soon as it has it, so braid
+    may run the call to completion at once (inline on an idle group, no
+    thread hand-off: the latency of a blocking braid call). Anything else
+    (async_op=True, C++ callers such as DDP's reducer) gets a work handle."""
+    f = sys._getframe(3)
+    for _ in range(3):
+        if f is None:
+            return False
+        if f.f_code.co_filename == _C10D:
+            return f.f_locals.get("async_op", True) is False
+        f = f.f_back
+    return False
 
 
 def _stream(t):

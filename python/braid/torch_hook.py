@@ -24,7 +24,7 @@ import threading
 
 import torch
 
-from ._completer import Completer
+from ._completer import Completer, Pending
 
 __all__ = [
     "allreduce_hook",
@@ -64,7 +64,7 @@ def _completer(state):
 def _start(state, tensor, op, finish):
     work = state.allreduce(tensor, op=op, async_op=True)
     fut = torch.futures.Future()
-    _completer(state).submit(work, fut, finish)
+    _completer(state).submit(Pending(work, fut, finish))
     return fut
 
 

@@ -1,7 +1,8 @@
 /* Executor: runs a group's collectives one at a time in issue order, so
  * every rank runs them in the same order. A blocking call on an idle group
- * runs inline (no thread hand-off on the latency path); everything else
- * goes through the group's progress thread. */
+ * runs inline (no thread hand-off on the latency path), and so does a
+ * waited-for call the progress thread has not picked up yet; everything
+ * else goes through the group's progress thread. */
 #include <errno.h>
 #include <stdlib.h>
 #include <stdio.h>
@@ -42,6 +43,23 @@ static braid_work *queue_pop_locked(braid_pg *pg)
     return w;
 }
 
+/* Run the queue's head w (popped by the caller, pg->mu held, the group
+ * not busy); returns with pg->mu held again. */
+static void run_head_locked(braid_pg *pg, braid_work *w)
+{
+    w->start_ms = braid__now_ms();
+    pg->busy = 1;
+    pthread_mutex_unlock(&pg->mu);
+    braid_status st = braid__coll_run(pg, &w->coll);
+    pthread_mutex_lock(&pg->mu);
+    pg->busy = 0;
+    work_complete_locked(pg, w, st, braid_last_error());
+    pthread_mutex_unlock(&pg->mu);
+    braid__hmem_coll_done(&w->coll); /* the caller's streams go on once the handle says done */
+    work_unref(w);
+    pthread_mutex_lock(&pg->mu);
+}
+
 static void *progress_main(void *arg)
 {
     braid_pg *pg = arg;
@@ -52,18 +70,7 @@ static void *progress_main(void *arg)
             pthread_cond_wait(&pg->cv, &pg->mu);
         if (pg->stopping)
             break;
-        braid_work *w = queue_pop_locked(pg);
-        w->start_ms = braid__now_ms();
-        pg->busy = 1;
-        pthread_mutex_unlock(&pg->mu);
-        braid_status st = braid__coll_run(pg, &w->coll);
-        pthread_mutex_lock(&pg->mu);
-        pg->busy = 0;
-        work_complete_locked(pg, w, st, braid_last_error());
-        pthread_mutex_unlock(&pg->mu);
-        braid__hmem_coll_done(&w->coll); /* the caller's streams go on once the handle says done */
-        work_unref(w);
-        pthread_mutex_lock(&pg->mu);
+        run_head_locked(pg, queue_pop_locked(pg));
     }
     /* Stopping: whatever is still queued never ran. */
     braid_work *w;
@@ -261,6 +268,13 @@ BRAID_API braid_status braid_wait(braid_work *w, int timeout_ms)
      * deadline (plus grace), fixed when it was issued. */
     int64_t deadline = timeout_ms < 0 ? -1 : now + timeout_ms;
     pthread_mutex_lock(&pg->mu);
+    /* The progress thread has not picked w up yet and nothing runs before
+     * it: run it here, as a blocking call on an idle group runs, instead of
+     * waiting for that thread to be scheduled (two thread switches on the
+     * latency path of every issue-then-wait). Only a wait for as long as
+     * the collective takes: one with its own timeout must return on time. */
+    if (timeout_ms < 0 && !atomic_load(&w->done) && !pg->busy && !pg->stopping && pg->queue_head == w)
+        run_head_locked(pg, queue_pop_locked(pg));
     braid_status st = wait_locked(pg, w, deadline, &counted_from);
     pthread_mutex_unlock(&pg->mu);
     if (st != BRAID_OK) {
