@@ -34,6 +34,7 @@ import sys
 import time
 
 from free_ports import free_ports  # tests/ is sys.path[0]
+from rank_procs import collect
 
 SKIP = 77
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -616,19 +617,7 @@ def run(mode, size):
             procs = cmds
         else:
             procs = [_Done(procs[0], text)]
-    failed, texts = [], []
-    for r, p in enumerate(procs):
-        try:
-            text, _ = p.communicate(timeout=rank_timeout())
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            text, _ = p.communicate()
-            failed.append("process %d timed out after %d s:\n%s" % (r, rank_timeout(), text))
-            continue
-        texts.append(text)
-        if p.returncode != 0:
-            failed.append("process %d exited %d:\n%s" % (r, p.returncode, text))
+    texts, failed = collect(procs, rank_timeout())
     if failed:
         raise AssertionError("%s at %d ranks failed:\n%s" % (mode, size, "\n".join(failed)))
     lines = [ln for t in texts for ln in t.splitlines() if ln.startswith("rank ")]

@@ -37,6 +37,7 @@ import sys
 import tempfile
 
 from free_ports import free_ports  # tests/ is sys.path[0]
+from rank_procs import collect
 
 SKIP = 77
 WORLD = 2
@@ -218,18 +219,7 @@ def run_mode(mode, tmp):
     procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", mode, str(r), str(port), outs[r]],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for r in range(WORLD)]
-    failed = []
-    for r, p in enumerate(procs):
-        try:
-            text, _ = p.communicate(timeout=rank_timeout())
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            text, _ = p.communicate()
-            failed.append("rank %d timed out after %d s:\n%s" % (r, rank_timeout(), text))
-            continue
-        if p.returncode != 0:
-            failed.append("rank %d exited %d:\n%s" % (r, p.returncode, text))
+    _, failed = collect(procs, rank_timeout())
     if failed:
         raise AssertionError("mode %s failed:\n%s" % (mode, "\n".join(failed)))
     import torch

@@ -479,15 +479,18 @@ class BraidProcessGroup(dist.ProcessGroup):
         recvs = _splits(output, output_split_sizes, size, what)
         return self._exchange(what, input, sends, output, recvs)
 
-    def _exchange(self, what, like, sends, recv_like, recvs):
+    def _exchange(self, what, inputs, sends, outputs, recvs):
         """A batch of sends and receives: sends[p], recvs[p] are (pointer,
-        bytes) for rank p."""
+        bytes) for rank p; inputs and outputs are the tensor or tensors
+        they lie in (the result is outputs)."""
+        like = inputs[0] if isinstance(inputs, list) else inputs
         stream = _stream(like)
         calls = []
         for p in range(self.size()):
             calls.append(lambda w, p=p: _LIB.braid_send(self._h, sends[p][0], sends[p][1], _U8, p, stream, w))
             calls.append(lambda w, p=p: _LIB.braid_recv(self._h, recvs[p][0], recvs[p][1], _U8, p, stream, w))
-        return self._grouped(what, like.device, calls, [like, recv_like], lambda: [recv_like])
+        result = outputs if isinstance(outputs, list) else [outputs]
+        return self._grouped(what, like.device, calls, [inputs, outputs], lambda: result)
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         what = "all_to_all"
@@ -497,13 +500,7 @@ class BraidProcessGroup(dist.ProcessGroup):
         self._same(list(input_tensors) + list(output_tensors), like, what)
         sends = [(t.data_ptr(), _nbytes(t)) for t in input_tensors]
         recvs = [(t.data_ptr(), _nbytes(t)) for t in output_tensors]
-        stream = _stream(like)
-        calls = []
-        for p in range(self.size()):
-            calls.append(lambda w, p=p: _LIB.braid_send(self._h, sends[p][0], sends[p][1], _U8, p, stream, w))
-            calls.append(lambda w, p=p: _LIB.braid_recv(self._h, recvs[p][0], recvs[p][1], _U8, p, stream, w))
-        keep = [list(input_tensors), list(output_tensors)]
-        return self._grouped(what, like.device, calls, keep, lambda: list(output_tensors))
+        return self._exchange(what, list(input_tensors), sends, list(output_tensors), recvs)
 
     def gather(self, output_tensors, input_tensors, opts=None):
         what = "gather"
@@ -549,21 +546,17 @@ class BraidProcessGroup(dist.ProcessGroup):
         return self._issue(what, t.device, call, [t], lambda: [t])
 
     def send(self, tensors, dst, tag=0):
-        what = "send to rank %d" % dst
-        t = self._one(tensors, what)
-        self._tag(tag, what)
-        self._root(dst, what)
-        n, stream = _nbytes(t), _stream(t)
-        call = lambda w: _LIB.braid_send(self._h, t.data_ptr(), n, _U8, dst, stream, w)  # noqa: E731
-        return self._issue(what, t.device, call, [t], lambda: [t])
+        return self._p2p(_LIB.braid_send, tensors, dst, tag, "send to rank %d" % dst)
 
     def recv(self, tensors, src, tag=0):
-        what = "recv from rank %d" % src
+        return self._p2p(_LIB.braid_recv, tensors, src, tag, "recv from rank %d" % src)
+
+    def _p2p(self, fn, tensors, peer, tag, what):
         t = self._one(tensors, what)
         self._tag(tag, what)
-        self._root(src, what)
+        self._root(peer, what)
         n, stream = _nbytes(t), _stream(t)
-        call = lambda w: _LIB.braid_recv(self._h, t.data_ptr(), n, _U8, src, stream, w)  # noqa: E731
+        call = lambda w: fn(self._h, t.data_ptr(), n, _U8, peer, stream, w)  # noqa: E731
         return self._issue(what, t.device, call, [t], lambda: [t])
 
     def recv_anysource(self, tensors, tag=0):
