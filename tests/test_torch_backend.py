@@ -23,6 +23,11 @@ Each rank is a subprocess. Modes:
   within float rounding (1e-5) at 3; then DDP's own fp16 compression and
   PowerSGD hooks on "braid" against the same hooks on gloo.
 
+TORCH_BACKEND_CASES=mode,...,mode:ranks picks cases (collectives:2 is
+the collectives at 2 ranks). BRAID_TORCH_TEST_DEVICE=cuda runs every mode on CUDA tensors (torch 2's
+default device; gloo's CUDA support is partial, so more calls compare with
+the local reference), as the GPU check does.
+
 Exit 77 (skip) when torch, its gloo backend or libbraid is missing.
 """
 
@@ -40,6 +45,9 @@ SKIP = 77
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.environ.get("BRAID_PYTHONPATH", os.path.join(os.path.dirname(HERE), "python")))
 TIMEOUT_S = 20
+# BRAID_TORCH_TEST_DEVICE=cuda runs the same checks on CUDA tensors (torch
+# 2.x's default device; each rank on GPU rank % count).
+DEVICE = os.environ.get("BRAID_TORCH_TEST_DEVICE", "cpu")
 
 
 def rank_timeout():
@@ -48,8 +56,20 @@ def rank_timeout():
 
 # ---- helpers a rank uses ------------------------------------------------
 
+def use_device(rank):
+    """Make DEVICE the default for the tensors this rank makes."""
+    if DEVICE == "cpu":
+        return
+    import torch
+
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    torch.set_default_device("cuda")
+
+
 def init(rank, size, port):
     import torch.distributed as dist
+
+    use_device(rank)
 
     import braid.torch_backend  # noqa: F401  registers "braid"
 
@@ -299,14 +319,30 @@ def check_p2p(c, torch, dist):
         return [r]
     c.same("send/recv ring", ring, lambda: [value(torch, prv, (1000,), torch.float32)])
 
-    def iring(group):
-        t = value(torch, rank, (50000,), torch.float32)
-        r = torch.empty(50000)
-        works = [dist.isend(t, dst=nxt, group=group), dist.irecv(r, src=prv, group=group)]
-        for w in works:
-            w.wait()
+    # Every rank sends before it receives: a message larger than any
+    # transport buffers (16 MiB) must not wait for the receive queued
+    # behind the send.
+    for n in (50000, 4 << 20):
+        def iring(group, n=n):
+            t = value(torch, rank, (n,), torch.float32)
+            r = torch.empty(n)
+            works = [dist.isend(t, dst=nxt, group=group), dist.irecv(r, src=prv, group=group)]
+            for w in works:
+                w.wait()
+            return [r]
+        c.same("isend/irecv ring of %d floats" % n, iring, lambda n=n: [value(torch, prv, (n,), torch.float32)])
+
+    def swap(group):  # with one peer, both sending first; then a blocking send and recv
+        peer = rank ^ 1
+        if peer >= size:
+            return []
+        t, r = value(torch, rank, (4 << 20,), torch.float32), torch.empty(4 << 20)
+        w = dist.isend(t, dst=peer, group=group)
+        dist.recv(r, src=peer, group=group)
+        w.wait()
         return [r]
-    c.same("isend/irecv ring", iring, lambda: [value(torch, prv, (50000,), torch.float32)])
+    c.same("isend then recv with one peer", swap,
+           lambda: [value(torch, rank ^ 1, (4 << 20,), torch.float32)] if rank ^ 1 < size else [])
 
     def batch(group):
         t1, t2 = value(torch, rank, (300000,), torch.float32), value(torch, rank + 5, (7,), torch.int64)
@@ -402,7 +438,8 @@ def check_async(c, torch, dist):
         assert torch.equal(f.wait(), torch.full((n,), 2 * want)), "then() of async all_reduce %d" % k
         assert torch.equal(ts[k], torch.full((n,), want)), "async all_reduce %d" % k
     assert all(w.is_completed() for w in works)
-    assert pending > 0, "every async all_reduce of 16 MiB was complete when its call returned"
+    # A CUDA call is complete for torch once queued on its stream.
+    assert pending > 0 or DEVICE != "cpu", "every async all_reduce of 16 MiB was complete when its call returned"
     c.count += 1
 
 
@@ -452,6 +489,7 @@ def w_explicit(rank, size, port):
 
     import braid.torch_backend  # noqa: F401
 
+    use_device(rank)
     store = dist.TCPStore("127.0.0.1", port, size, rank == 0, timeout=datetime.timedelta(seconds=TIMEOUT_S))
     dist.init_process_group("braid", store=store, rank=rank, world_size=size,
                             timeout=datetime.timedelta(seconds=TIMEOUT_S))
@@ -468,6 +506,7 @@ def w_torchrun():
 
     import braid.torch_backend  # noqa: F401
 
+    use_device(int(os.environ["RANK"]))
     dist.init_process_group("braid", timeout=datetime.timedelta(seconds=TIMEOUT_S))
     rank, size = dist.get_rank(), dist.get_world_size()
     assert size == int(os.environ["WORLD_SIZE"]) and rank == int(os.environ["RANK"])
@@ -496,6 +535,9 @@ def w_killed(rank, size, port):
             assert took < TIMEOUT_S + 5, "took %.1f s to fail" % took
             print("rank %d: all_reduce #%d raised after %.2f s: %s" % (rank, i, took, e))
             sys.stdout.flush()
+            dist.group.WORLD.abort()  # the backend's abort: nothing of braid's stays
+            left = braid_threads()
+            assert not left, "threads left after abort: %s" % left
             os._exit(0)
     raise AssertionError("no call failed")
 
@@ -511,14 +553,16 @@ def ddp_train(torch, dist, rank, group, hook=None, hook_state=None, steps=5):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     model = ddp_model(torch, 1234)
-    ddp = DDP(model, process_group=group, bucket_cap_mb=0.01)
+    cuda = DEVICE != "cpu"
+    ddp = DDP(model, process_group=group, bucket_cap_mb=0.01,
+              device_ids=[torch.cuda.current_device()] if cuda else None)
     if hook is not None:
         ddp.register_comm_hook(hook_state if hook_state is not None else group, hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
     gen = torch.Generator().manual_seed(100 + rank)
     for _ in range(steps):
-        x = torch.randn(6, 3, 8, 8, generator=gen)
-        y = torch.randint(0, 5, (6,), generator=gen)
+        x = torch.randn(6, 3, 8, 8, generator=gen, device="cpu").to(torch.empty(0).device)
+        y = torch.randint(0, 5, (6,), generator=gen, device="cpu").to(x.device)
         opt.zero_grad()
         torch.nn.functional.cross_entropy(ddp(x), y).backward()
         opt.step()
@@ -649,12 +693,16 @@ def main():
             return 1
         print("SKIP: %s" % e)
         return SKIP
-    print("torch %s, libbraid %s" % (torch.__version__, braid.library_path))
+    if DEVICE != "cpu" and not (torch.cuda.is_available() and hasattr(torch, "set_default_device")):
+        print("SKIP: BRAID_TORCH_TEST_DEVICE=%s needs CUDA and torch 2 (this is torch %s, CUDA %s)"
+              % (DEVICE, torch.__version__, "available" if torch.cuda.is_available() else "unavailable"))
+        return SKIP
+    print("torch %s, libbraid %s, %s tensors" % (torch.__version__, braid.library_path, DEVICE))
     only = os.environ.get("TORCH_BACKEND_CASES")
     cases = [("collectives", 2), ("collectives", 3), ("collectives", 4), ("explicit", 2), ("torchrun", 2),
              ("killed", 3), ("ddp", 2), ("ddp", 3)]
     for mode, size in cases:
-        if only and mode not in only.split(","):
+        if only and mode not in only.split(",") and "%s:%d" % (mode, size) not in only.split(","):
             continue
         run(mode, size)
     return 0

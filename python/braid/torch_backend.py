@@ -122,23 +122,31 @@ class _BraidWork(dist.Work):
         super().__init__()
         self._fut, self._pending, self._completer = fut, pending, completer
         self._asked = False
+        self._flusher = None  # issues the implicit batch this call waits in
+
+    def _issued(self):
+        if self._pending is None and self._flusher is not None:
+            self._flusher()
 
     def _attach(self, pending, completer):
         self._pending, self._completer = pending, completer
 
     def wait(self, timeout=None):
+        self._issued()
         if self._pending is not None:
             self._pending.settle()
         self._fut.wait()  # raises the call's error
         return True
 
     def get_future(self):
+        self._issued()
         if self._pending is not None and not self._asked:
             self._asked = True
             self._completer.submit(self._pending)
         return self._fut
 
     def is_completed(self):
+        self._issued()
         if self._pending is not None and not self._pending.settle_if_done():
             return False
         return self._fut.done()
@@ -180,7 +188,8 @@ class BraidProcessGroup(dist.ProcessGroup):
         self._h = self._group._handle()
         self._completer = Completer("braid-pg%d" % rank)
         self._lock = threading.Lock()
-        self._batch = None  # between _start_coalescing and _end_coalescing: [(fut, finish)]
+        self._batch = None  # between _start_coalescing and _end_coalescing
+        self._open_p2p = []  # the implicit batch of sends and receives (see _issue)
         self._closed = False
         self._works = collections.deque(maxlen=_KEEP_WORKS)
         _live.add(self)
@@ -252,15 +261,36 @@ class BraidProcessGroup(dist.ProcessGroup):
 
     # ---- issuing -------------------------------------------------------
 
-    def _issue(self, what, device, call, keep, finish):
+    def _issue(self, what, device, call, keep, finish, p2p=False):
         """Issue call(work_pointer) (one braid call on device's current
-        stream), or record it in the open batch; return torch's Work."""
+        stream), or record it in the open batch; return torch's Work.
+
+        Sends and receives on host memory outside a batch wait in an
+        implicit one until the group's next other call, a wait for one of
+        them, or a blocking send or receive: then they run as one braid
+        group, progressed together. braid runs a group's calls one after
+        another, so an isend issued on its own would hold up the irecv
+        behind it until the peer received, and a ring of isend/irecv pairs
+        (or torch 2's batch_isend_irecv on CPU, which issues them one by
+        one) would never finish."""
         cuda = device.type == "cuda"
         fut = torch.futures.Future(devices=[device]) if cuda else torch.futures.Future()
         with self._lock:
             if self._closed:
                 raise _invalid(what, "the process group was destroyed")
             batch = self._batch
+            if p2p and batch is None and not cuda:
+                work = self._work(fut)
+                work._flusher = self._flush_p2p
+                self._open_p2p.append((call, fut, finish, keep, work))
+                if not _caller_waits():
+                    return work
+                self._flush_p2p_locked()
+        if p2p and batch is None and not cuda:
+            work.wait()
+            return work
+        with self._lock:
+            self._flush_p2p_locked()
             h = ctypes.c_void_p()
             blocking = batch is None and not cuda and _caller_waits()
             out = None if batch is not None or blocking else ctypes.byref(h)
@@ -270,7 +300,7 @@ class BraidProcessGroup(dist.ProcessGroup):
             else:
                 status = call(out)
             if status != _lib.BRAID_OK:
-                _raise_status(status, "rank %d: %s" % (self.rank(), what))
+                _raise_status(status, what)
             if batch is not None:
                 work = self._work(fut)
                 batch.append((fut, finish, keep, cuda, work))
@@ -287,6 +317,31 @@ class BraidProcessGroup(dist.ProcessGroup):
             self._completer.submit(Pending(work, _Discard(), _none))
             return self._work(fut)
         return self._work(fut, Pending(work, fut, finish))
+
+    def _flush_p2p(self):
+        with self._lock:
+            self._flush_p2p_locked()
+
+    def _flush_p2p_locked(self):
+        """Issue the implicit batch of sends and receives as one group."""
+        batch, self._open_p2p = self._open_p2p, []
+        if not batch:
+            return
+        what = "rank %d: a batch of %d sends and receives" % (self.rank(), len(batch))
+        futs, keep = [b[1] for b in batch], [b[3] for b in batch]
+        h = ctypes.c_void_p()
+        try:
+            with _BraidBatch(self._h, what, ctypes.byref(h)) as group:
+                for b in batch:
+                    group.check(b[0](None))
+        except BraidError as e:
+            if h.value:  # what was recorded before the failure still runs
+                self._completer.submit(Pending(_Work(h, keep, what), _Discard(), _none))
+            _FanOut(futs).set_exception(e)
+            return
+        pending = Pending(_Work(h, keep, what), _FanOut(futs), lambda: [b[2]() for b in batch])
+        for b in batch:
+            b[4]._attach(pending, self._completer)
 
     def _work(self, fut, pending=None):
         w = _BraidWork(fut, pending, self._completer)
@@ -307,6 +362,7 @@ class BraidProcessGroup(dist.ProcessGroup):
         with self._lock:
             if self._batch is not None:
                 raise _invalid("coalescing", "a batch is already open")
+            self._flush_p2p_locked()
             status = _LIB.braid_group_start(self._h)
             if status != _lib.BRAID_OK:
                 _raise_status(status, "rank %d: start of a batch" % self.rank())
@@ -557,7 +613,7 @@ class BraidProcessGroup(dist.ProcessGroup):
         self._root(peer, what)
         n, stream = _nbytes(t), _stream(t)
         call = lambda w: fn(self._h, t.data_ptr(), n, _U8, peer, stream, w)  # noqa: E731
-        return self._issue(what, t.device, call, [t], lambda: [t])
+        return self._issue(what, t.device, call, [t], lambda: [t], p2p=True)
 
     def recv_anysource(self, tensors, tag=0):
         raise _unsupported("recv from any source", "braid receives from a named rank (give src)")
@@ -580,6 +636,7 @@ class BraidProcessGroup(dist.ProcessGroup):
         with self._lock:
             if self._closed:
                 return
+            self._flush_p2p_locked()
             self._closed = True
         self._completer.stop()
         self._group.destroy()
