@@ -14,5 +14,10 @@ int main(int argc, char **argv)
         return prc > 0 ? BENCH_EXIT_OK : BENCH_EXIT_USAGE;
     if (bench_have_launcher_env())
         return bench_run_env(&opts);
+    /* Forked here, the ranks are this process's, as with braid-bench -t N:
+     * the header's nThread counts them (it said 1 for the 4 ranks run
+     * without arguments). */
+    if (!opts.per_process_given)
+        opts.nthreads = bench_local_ranks(&opts);
     return bench_spawn_local(&opts);
 }

@@ -25,16 +25,16 @@ static void usage(FILE *out, const char *prog)
             "  -i, --stepbytes SIZE      else add SIZE each step (default 1M)\n"
             "  -n, --iters N             timed iterations per size (default 20)\n"
             "  -m, --agg_iters N         collectives per iteration, issued as one group (default 1)\n"
-            "  -w, --warmup_iters N      warm-up iterations (default 5)\n"
+            "  -w, --warmup_iters N      warm-up iterations (default 1, as nccl-tests)\n"
             "  -N, --run_cycles N        sweep the sizes N times, printing each (0: until stopped; default 1)\n"
             "  -c, --check N             verify each size N times and count #wrong (0: off; default 1)\n"
-            "  -d, --datatype TYPE       float double half bfloat16 int8 uint8 int32 int64 | all\n"
-            "  -o, --op OP               sum prod min max avg | all (all-reduce)\n"
+            "  -d, --datatype TYPE       float double half bfloat16 int8 uint8 int32 uint32 int64 uint64 | all\n"
+            "  -o, --op OP               sum prod min max avg mulsum | all (all-reduce)\n"
             "  -r, --root N              broadcast root (default 0)\n"
             "  -z, --blocking 0|1        0: issue every iteration, then wait (default); 1: wait for each\n"
             "  -C, --report_cputime 0|1  1: report the time to issue the calls, not to complete them\n"
-            "  -a, --average 0|1|2|3     time reported: rank 0's, mean, min or max over ranks (default 3:\n"
-            "                            the slowest rank; nccl-tests defaults to 1)\n"
+            "  -a, --average 0|1|2|3     time reported: rank 0's, mean, min or max over ranks (default 1,\n"
+            "                            as nccl-tests; 3: the slowest rank)\n"
             "  -T, --timeout SEC         group timeout for every blocking wait\n"
             "  -p, --parallel_init 0|1   accepted: each rank is its own process, so ranks always start in\n"
             "                            parallel\n"
@@ -362,7 +362,7 @@ static void set_defaults(bench_opts *o)
     o->step_factor = 1;
     o->iters = 20;
     o->agg_iters = 1;
-    o->warmup_iters = 5;
+    o->warmup_iters = 1;
     o->run_cycles = 1;
     o->check = 1;
     o->ntypes = 1;
@@ -372,7 +372,7 @@ static void set_defaults(bench_opts *o)
     o->nthreads = o->ngpus = 1;
     o->nranks = 4;
     o->algo = BRAID_ALGO_AUTO;
-    o->average = 3;
+    o->average = 1;
 }
 
 /* What the options mean together, once all are read. */

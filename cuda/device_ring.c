@@ -205,7 +205,7 @@ static braid_status dring_connect(dring_call *d)
 
     braid__fp_encode(&d->rc, d->fp_mine);
     braid__fp_set_dring(d->fp_mine);
-    braid_status st = d->host_next->ops->isend(d->host_next, &d->fp_send_req, d->fp_mine, sizeof(d->fp_mine));
+    braid_status st = braid__conn_isend(d->host_next, &d->fp_send_req, d->fp_mine, sizeof(d->fp_mine));
     if (st == BRAID_OK)
         st = braid__fp_recv(&d->run, d->host_prev, d->prev);
     if (st == BRAID_OK)

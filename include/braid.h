@@ -232,6 +232,45 @@ BRAID_API const char *braid_pg_peer_transport(const braid_pg *pg, int peer);
 /** First error that broke the group (BRAID_OK while healthy). */
 BRAID_API braid_status braid_pg_error(const braid_pg *pg);
 
+/* ---- statistics -------------------------------------------------------- */
+
+/** One kind of call's counters since the group was made. */
+typedef struct {
+    const char *name;  /* "allreduce", "broadcast", ..., "send", "recv", "alltoall", ...;
+                        * "group": a braid_group_end job of other calls */
+    uint64_t calls;    /* calls that ran (a refused or malformed call is refused at entry, uncounted) */
+    uint64_t failed;   /* of these, calls that ended in an error */
+    uint64_t bytes;    /* sum over calls of count times the element size (a group: over its calls;
+                        * alltoall, gather, scatter: over the sends they run) */
+    uint64_t total_ns; /* sum over calls of the time from when each started running to its end */
+    uint64_t max_ns;   /* the longest such time */
+} braid_call_stats;
+
+/** Bytes this rank sent over one transport since the group was made. */
+typedef struct {
+    const char *name;    /* "tcp", "shm", "verbs", "cuda_ipc" */
+    int peers;           /* peers this rank reaches over it */
+    uint64_t bytes_sent; /* posted on its connections by braid's algorithms (data, fingerprints),
+                          * counted at the end of each call; not what device-collective kernels move */
+} braid_transport_stats;
+
+#define BRAID_STATS_MAX_KINDS 16
+#define BRAID_STATS_MAX_TRANSPORTS 8
+
+/** A group's statistics (braid_pg_stats). */
+typedef struct {
+    size_t size;    /* the caller sets sizeof(braid_stats) */
+    int nkinds;     /* kinds[0..nkinds): the kinds with calls, in braid's order */
+    braid_call_stats kinds[BRAID_STATS_MAX_KINDS];
+    int ntransports; /* transports[0..ntransports): those serving a peer */
+    braid_transport_stats transports[BRAID_STATS_MAX_TRANSPORTS];
+} braid_stats;
+
+/** Fill *stats (stats->size set by the caller) with the group's per-kind
+ *  call counters and per-transport bytes. Cheap, and safe from any thread
+ *  while calls run; a call still running is not counted yet. */
+BRAID_API braid_status braid_pg_stats(const braid_pg *pg, braid_stats *stats);
+
 /** Shrink a group after a rank failure (MPI_Comm_shrink, ncclCommShrink).
  *  Every surviving rank calls it on its handle of the old group, which may
  *  be broken (BRAID_ERR_PEER, BRAID_ERR_TIMEOUT), aborted or healthy. The

@@ -95,6 +95,9 @@ local_tests() {
     done
     run "ar$n-algo" allreduce --nranks "$n" -b 4 -e 64K -f 16 -n 2 -w 1 -c 1 -d float -o sum --algo ring &&
       check_table "$tmp/ar$n-algo.out" 4 1 "allreduce --nranks $n --algo ring"
+    # Ranks forked without -t: the header counts them, as -t N would.
+    grep -q "^# nThread $n nGpus 1 " "$tmp/ar$n-algo.out" ||
+      fail "allreduce --nranks $n: the header does not say nThread $n: $(grep '^# nThread' "$tmp/ar$n-algo.out")"
     # Broadcast from a non-zero root; redop is "none" and root the root.
     run "bc$n" broadcast -t "$n" "${sizes[@]}" -n 2 -w 1 -c 1 -d all -r 1 &&
       check_table "$tmp/bc$n.out" $((10 * nsizes)) 1 "broadcast -t $n" &&
@@ -176,7 +179,10 @@ local_tests() {
     [ $rc = 2 ] && grep -q -- "${opt%%:*} is not supported: .*${opt#*:}" "$tmp/e7" ||
       fail "$opt must exit 2 saying why (got $rc: $(cat "$tmp/e7"))"
   done
-  "$bench" --help >/dev/null || fail "--help must exit 0"
+  "$bench" --help >"$tmp/help" || fail "--help must exit 0"
+  for w in uint32 uint64 mulsum; do
+    grep -qw "$w" "$tmp/help" || fail "--help does not list $w"
+  done
   # A failed braid call is printed once, its status name once.
   BRAID_TRANSPORT=carrier-pigeon "$bench" allreduce -t 2 -b 1K -e 1K -n 1 >/dev/null 2>"$tmp/e6"; rc=$?
   [ $rc = 3 ] && grep -q 'joining the group failed: BRAID_ERR_' "$tmp/e6" &&

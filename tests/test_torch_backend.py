@@ -443,6 +443,23 @@ def check_async(c, torch, dist):
     c.count += 1
 
 
+def check_stats(torch, dist, size):
+    """The backend shows braid's counters for its groups."""
+    import braid.torch_backend
+
+    before = braid.torch_backend.stats()
+    dist.all_reduce(torch.ones(1000))
+    after = braid.torch_backend.stats()
+    b, a = before["calls"]["allreduce"], after["calls"]["allreduce"]
+    assert a["calls"] == b["calls"] + 1 and a["bytes"] == b["bytes"] + 4000, (b, a)
+    assert a["total_ns"] > b["total_ns"] and a["max_ns"] > 0 and a["failed"] == 0, (b, a)
+    for name in ("broadcast", "allgather", "alltoall", "group"):
+        assert after["calls"][name]["calls"] > 0, "no %s counted: %s" % (name, sorted(after["calls"]))
+    peers = sum(t["peers"] for t in after["transports"].values())
+    sent = sum(t["bytes_sent"] for t in after["transports"].values())
+    assert peers == size - 1 and sent > 0, after["transports"]
+
+
 def braid_threads():
     import threading
 
@@ -474,6 +491,7 @@ def w_collectives(rank, size, port):
     groups = check_subgroups(c, torch, dist)
     check_async(c, torch, dist)
     check_refused(c, torch, dist)
+    check_stats(torch, dist, size)
     assert braid_threads(), "no braid thread while groups exist"
     del groups, gloo
     dist.destroy_process_group()

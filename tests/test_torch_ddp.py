@@ -94,6 +94,10 @@ def check_binding(braid, pg, torch):
         pg.allreduce(h)
         assert (h == np.float16(0.5 * n * (n + 1) / 2)).all(), "numpy f16 sum: %s" % h[:4]
 
+    st = pg.stats()
+    assert st["calls"]["allreduce"]["calls"] >= 2 and st["calls"]["broadcast"]["calls"] >= 1, st["calls"]
+    assert sum(t["bytes_sent"] for t in st["transports"].values()) > 0, st["transports"]
+
     errors = [
         (lambda: pg.allreduce(torch.zeros(4, 4).t()), "not contiguous"),
         (lambda: pg.allreduce(torch.zeros(4), op="mean"), "unknown op"),

@@ -218,6 +218,22 @@ class ProcessGroup:
         _check(_LIB.braid_broadcast(self._handle(), ptr, count, dtype, int(root), None, ctypes.byref(work)), what)
         return Work(work, owner, what)
 
+    def stats(self):
+        """The group's counters since it was made (braid_pg_stats):
+        {"calls": {kind: {"calls", "failed", "bytes", "total_ns", "max_ns"}},
+         "transports": {name: {"peers", "bytes_sent"}}}, kinds with calls
+        only. bytes is count times element size summed over calls; a call
+        still running is not counted yet."""
+        s = _lib.Stats()
+        s.size = ctypes.sizeof(_lib.Stats)
+        _check(_LIB.braid_pg_stats(self._handle(), ctypes.byref(s)), "stats")
+        calls = {}
+        for k in s.kinds[: s.nkinds]:
+            calls[k.name.decode()] = {f: getattr(k, f) for f in ("calls", "failed", "bytes", "total_ns", "max_ns")}
+        transports = {t.name.decode(): {"peers": t.peers, "bytes_sent": t.bytes_sent}
+                      for t in s.transports[: s.ntransports]}
+        return {"calls": calls, "transports": transports}
+
     def abort(self):
         """Make every pending and future call on the group fail fast."""
         _LIB.braid_pg_abort(self._handle())

@@ -88,6 +88,33 @@ class Config(ctypes.Structure):
     ]
 
 
+class CallStats(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("calls", ctypes.c_uint64),
+        ("failed", ctypes.c_uint64),
+        ("bytes", ctypes.c_uint64),
+        ("total_ns", ctypes.c_uint64),
+        ("max_ns", ctypes.c_uint64),
+    ]
+
+
+class TransportStats(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("peers", ctypes.c_int), ("bytes_sent", ctypes.c_uint64)]
+
+
+class Stats(ctypes.Structure):
+    """braid_stats (BRAID_STATS_MAX_KINDS 16, BRAID_STATS_MAX_TRANSPORTS 8)."""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("nkinds", ctypes.c_int),
+        ("kinds", CallStats * 16),
+        ("ntransports", ctypes.c_int),
+        ("transports", TransportStats * 8),
+    ]
+
+
 def pkg_config_library():
     """Path of the libbraid.so.0 that braid.pc describes, or None: the first
     -L directory of ``pkg-config --libs braid`` holding it (an installed
@@ -166,6 +193,7 @@ def _declare(lib):
         "braid_group_start": (st, [vp]),
         "braid_group_end": (st, [vp, c.POINTER(vp)]),
         "braid_pg_error": (st, [vp]),
+        "braid_pg_stats": (st, [vp, c.POINTER(Stats)]),
         "braid_wait": (st, [vp, i]),
         "braid_test": (st, [vp, c.POINTER(i)]),
         "braid_work_free": (None, [vp]),

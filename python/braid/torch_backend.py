@@ -43,7 +43,7 @@ import torch.distributed as dist
 from . import BraidError, ProcessGroup as _Group, Work as _Work, _LIB, _lib, unique_id
 from ._completer import Completer, Pending
 
-__all__ = ["BACKEND", "BraidProcessGroup"]
+__all__ = ["BACKEND", "BraidProcessGroup", "stats"]
 
 BACKEND = "braid"
 _UID_KEY = "braid/unique_id"
@@ -198,6 +198,11 @@ class BraidProcessGroup(dist.ProcessGroup):
 
     def getBackendName(self):
         return BACKEND
+
+    def stats(self):
+        """braid's counters for this group: calls, bytes and times per kind
+        of call, bytes sent per transport (braid.ProcessGroup.stats)."""
+        return self._group.stats()
 
     def _get_backend_name(self):
         return BACKEND
@@ -750,6 +755,15 @@ def _shutdown_all():
             pg.shutdown()
         except Exception:
             pass
+
+
+def stats(group=None):
+    """braid's counters for a group of the backend "braid" (the default
+    group when None): see BraidProcessGroup.stats."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, BraidProcessGroup):
+        raise _invalid("stats", "the group is a %s group, not braid's" % type(pg).__name__)
+    return pg.stats()
 
 
 def _create(store, rank, size, timeout):

@@ -296,7 +296,7 @@ braid_status braid__fp_back_start(braid_algo_run *run, braid_fp_back *b, const u
     if (ctx->has_devlink(ctx->owner, prev)) {
         braid_conn *c;
         BRAID_CHECK(braid__ctx_conn(ctx, prev, &c));
-        BRAID_CHECK(c->ops->isend(c, &b->send_req, mine, BRAID_FP_BYTES));
+        BRAID_CHECK(braid__conn_isend(c, &b->send_req, mine, BRAID_FP_BYTES));
         b->sending = 1;
     }
     if (ctx->has_devlink(ctx->owner, next)) {
@@ -375,12 +375,12 @@ braid_status braid__algo_sendrecv(braid_algo_run *run, int send_peer, const void
     if (fp) {
         braid__fp_encode(run->coll, fp_mine);
         if (sc)
-            BRAID_CHECK(sc->ops->isend(sc, &reqs[nreq++], fp_mine, sizeof(fp_mine)));
+            BRAID_CHECK(braid__conn_isend(sc, &reqs[nreq++], fp_mine, sizeof(fp_mine)));
         if (rc)
             BRAID_CHECK(braid__fp_recv(run, rc, recv_peer));
     }
     if (sc)
-        BRAID_CHECK(sc->ops->isend(sc, &reqs[nreq++], sbuf, slen));
+        BRAID_CHECK(braid__conn_isend(sc, &reqs[nreq++], sbuf, slen));
     if (rc)
         BRAID_CHECK(rc->ops->irecv(rc, &reqs[nreq++], rbuf, rlen));
 

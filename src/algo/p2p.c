@@ -187,9 +187,9 @@ static braid_status post_all(const braid_algo_ctx *ctx, p2p_msg *msgs, int nops,
                              .seq = (*ctx->p2p_seq)[2 * peer + (is_send ? 0 : 1)]++};
         if (is_send) {
             braid__fp_encode(&m->fp, m->fp_mine);
-            BRAID_CHECK(m->conn->ops->isend(m->conn, &m->fp_req, m->fp_mine, sizeof(m->fp_mine)));
+            BRAID_CHECK(braid__conn_isend(m->conn, &m->fp_req, m->fp_mine, sizeof(m->fp_mine)));
             if (msg_bytes(op))
-                BRAID_CHECK(m->conn->ops->isend(m->conn, &m->data_req, op->send, msg_bytes(op)));
+                BRAID_CHECK(braid__conn_isend(m->conn, &m->data_req, op->send, msg_bytes(op)));
             m->state = MSG_DATA;
         } else if (last_recv[peer] >= 0) {
             msgs[last_recv[peer]].next = i;

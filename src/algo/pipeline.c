@@ -32,7 +32,7 @@ static braid_status start_fingerprints(braid_pipeline *p)
         return BRAID_OK;
     braid__fp_encode(run->coll, p->fp_mine);
     if (p->to_next)
-        BRAID_CHECK(p->to_next->ops->isend(p->to_next, &p->fp_send_req, p->fp_mine, sizeof(p->fp_mine)));
+        BRAID_CHECK(braid__conn_isend(p->to_next, &p->fp_send_req, p->fp_mine, sizeof(p->fp_mine)));
     if (p->from_prev)
         BRAID_CHECK(braid__fp_recv(run, p->from_prev, p->prev));
     if (p->fp_back && p->to_next && p->from_prev) {
@@ -85,7 +85,7 @@ static inline braid_status post_sends(braid_pipeline *p, int *moved)
         BRAID_CHECK(p->hooks->send_item(p, p->posted_s, &buf, &bytes));
         if (!buf)
             break;
-        BRAID_CHECK(p->to_next->ops->isend(p->to_next, &p->send_reqs[p->posted_s % BRAID_PIPE_WINDOW], buf, bytes));
+        BRAID_CHECK(braid__conn_isend(p->to_next, &p->send_reqs[p->posted_s % BRAID_PIPE_WINDOW], buf, bytes));
         p->posted_s++;
         *moved = 1;
     }

@@ -93,6 +93,13 @@ struct braid_pg {
      * in a blocking caller or on the progress thread. */
     pthread_mutex_t mu;
     pthread_cond_t cv;
+    /* Per kind of call (braid_coll_kind), and bytes sent per transport id:
+     * updated under mu at the end of each call (src/lifecycle/work.c),
+     * read by braid_pg_stats. */
+    struct braid_kind_counters {
+        uint64_t calls, failed, bytes, total_ns, max_ns;
+    } kind_stats[BRAID_COLL_KIND_COUNT];
+    uint64_t sent_by_transport[BRAID_TRANSPORT_ID_COUNT];
     braid_work *queue_head, *queue_tail;
     int busy;
     int stopping;
