@@ -238,8 +238,11 @@ BRAID_API braid_status braid_pg_error(const braid_pg *pg);
 typedef struct {
     const char *name;  /* "allreduce", "broadcast", ..., "send", "recv", "alltoall", ...;
                         * "group": a braid_group_end job of other calls */
-    uint64_t calls;    /* calls that ran (a refused or malformed call is refused at entry, uncounted) */
-    uint64_t failed;   /* of these, calls that ended in an error */
+    uint64_t calls;    /* calls the group's executor ran: host calls and staged device calls. Not counted:
+                        * a call refused at entry (bad argument); device-collective kernels and a device
+                        * call on a group of one, which run on the caller's stream alone */
+    uint64_t failed;   /* of these, calls that ended in an error (a refusal this rank told its peers
+                        * counts here) */
     uint64_t bytes;    /* sum over calls of count times the element size (a group: over its calls;
                         * alltoall, gather, scatter: over the sends they run) */
     uint64_t total_ns; /* sum over calls of the time from when each started running to its end */
@@ -251,7 +254,8 @@ typedef struct {
     const char *name;    /* "tcp", "shm", "verbs", "cuda_ipc" */
     int peers;           /* peers this rank reaches over it */
     uint64_t bytes_sent; /* posted on its connections by braid's algorithms (data, fingerprints),
-                          * counted at the end of each call; not what device-collective kernels move */
+                          * counted at the end of each call (a call that broke the group loses its
+                          * count); not what device-collective kernels move */
 } braid_transport_stats;
 
 #define BRAID_STATS_MAX_KINDS 16

@@ -360,6 +360,17 @@ def check_p2p(c, torch, dist):
         return []
     c.same("barrier", barrier)
 
+    # A call of an open batch has not run: waiting for it raises at once.
+    pg = dist.distributed_c10d._get_default_group()
+    t, r = value(torch, rank, (10,), torch.float32), torch.empty(10)
+    pg._start_coalescing()
+    works = [dist.isend(t, dst=nxt), dist.irecv(r, src=prv)]
+    c.raises("wait inside a batch", works[0].wait, "has not ended")
+    fut = works[1].get_future()
+    pg._end_coalescing(works)
+    assert torch.equal(fut.wait()[0], value(torch, prv, (10,), torch.float32)), "batch asked for its Future early"
+    works[0].wait()
+
 
 def check_objects(c, torch, dist):
     size, rank = c.size, c.rank

@@ -59,11 +59,17 @@ class Pending:
         self.publish(self.collect())
 
     def settle_if_done(self):
-        """Settle it when its work has finished; True once it is settled."""
-        if self._taken:
-            return True
-        if not self.work.is_completed():
-            return False
+        """Settle it when its work has finished; True once it is settled or
+        another thread is settling it."""
+        if not self._lock.acquire(blocking=False):
+            return True  # taken: another thread waits for the work
+        try:
+            if self._taken:
+                return True
+            if not self.work.is_completed():
+                return False
+        finally:
+            self._lock.release()
         self.settle()
         return True
 

@@ -101,6 +101,19 @@ class _FanOut:
             fut.set_exception(e)
 
 
+class _Failed:
+    """A braid work that failed before it was issued."""
+
+    def __init__(self, error):
+        self._error = error
+
+    def wait(self):
+        raise self._error
+
+    def is_completed(self):
+        return True
+
+
 class _Discard:
     """Where a CUDA call's braid work ends: its Future was completed when
     the call was queued, and a failure shows in the group's next call."""
@@ -130,9 +143,13 @@ class _BraidWork(dist.Work):
 
     def _attach(self, pending, completer):
         self._pending, self._completer = pending, completer
+        if self._asked:  # its Future was asked for while the batch was open
+            completer.submit(pending)
 
     def wait(self, timeout=None):
         self._issued()
+        if self._pending is None and not self._fut.done():
+            raise _invalid("wait", "the call is in a batch that has not ended (_end_coalescing): it has not run")
         if self._pending is not None:
             self._pending.settle()
         self._fut.wait()  # raises the call's error
@@ -140,9 +157,10 @@ class _BraidWork(dist.Work):
 
     def get_future(self):
         self._issued()
-        if self._pending is not None and not self._asked:
+        if not self._asked:
             self._asked = True
-            self._completer.submit(self._pending)
+            if self._pending is not None:
+                self._completer.submit(self._pending)
         return self._fut
 
     def is_completed(self):
@@ -342,9 +360,11 @@ class BraidProcessGroup(dist.ProcessGroup):
         except BraidError as e:
             if h.value:  # what was recorded before the failure still runs
                 self._completer.submit(Pending(_Work(h, keep, what), _Discard(), _none))
-            _FanOut(futs).set_exception(e)
-            return
-        pending = Pending(_Work(h, keep, what), _FanOut(futs), lambda: [b[2]() for b in batch])
+            # Settled by a waiter or the Completer, not here: completing a
+            # Future runs its callbacks, and this thread holds the lock.
+            pending = Pending(_Failed(e), _FanOut(futs), _none)
+        else:
+            pending = Pending(_Work(h, keep, what), _FanOut(futs), lambda: [b[2]() for b in batch])
         for b in batch:
             b[4]._attach(pending, self._completer)
 
@@ -693,7 +713,10 @@ def _caller_waits():
     may run the call to completion at once (inline on an idle group, no
     thread hand-off: the latency of a blocking braid call). Anything else
     (async_op=True, C++ callers such as DDP's reducer) gets a work handle."""
-    f = sys._getframe(3)
+    try:
+        f = sys._getframe(3)
+    except ValueError:  # a shallow stack: called from C++ (DDP's reducer)
+        return False
     for _ in range(3):
         if f is None:
             return False

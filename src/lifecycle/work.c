@@ -85,8 +85,9 @@ static void count_call_locked(braid_pg *pg, int kind, uint64_t bytes, braid_stat
 }
 
 /* Run the queue's head w (popped by the caller, pg->mu held, the group
- * not busy); returns with pg->mu held again. */
-static void run_head_locked(braid_pg *pg, braid_work *w)
+ * not busy); returns with pg->mu released (the group may be destroyed as
+ * soon as it is idle). */
+static void run_head_unlocking(braid_pg *pg, braid_work *w)
 {
     w->start_ms = braid__now_ms();
     pg->busy = 1;
@@ -101,7 +102,6 @@ static void run_head_locked(braid_pg *pg, braid_work *w)
     pthread_mutex_unlock(&pg->mu);
     braid__hmem_coll_done(&w->coll); /* the caller's streams go on once the handle says done */
     work_unref(w);
-    pthread_mutex_lock(&pg->mu);
 }
 
 static void *progress_main(void *arg)
@@ -114,7 +114,8 @@ static void *progress_main(void *arg)
             pthread_cond_wait(&pg->cv, &pg->mu);
         if (pg->stopping)
             break;
-        run_head_locked(pg, queue_pop_locked(pg));
+        run_head_unlocking(pg, queue_pop_locked(pg));
+        pthread_mutex_lock(&pg->mu);
     }
     /* Stopping: whatever is still queued never ran. */
     braid_work *w;
@@ -321,9 +322,13 @@ BRAID_API braid_status braid_wait(braid_work *w, int timeout_ms)
      * it: run it here, as a blocking call on an idle group runs, instead of
      * waiting for that thread to be scheduled (two thread switches on the
      * latency path of every issue-then-wait). Only a wait for as long as
-     * the collective takes: one with its own timeout must return on time. */
-    if (timeout_ms < 0 && !atomic_load(&w->done) && !pg->busy && !pg->stopping && pg->queue_head == w)
-        run_head_locked(pg, queue_pop_locked(pg));
+     * the collective takes (one with its own timeout must return on time),
+     * and not a device call: its staging sets the thread's CUDA device. */
+    if (timeout_ms < 0 && !atomic_load(&w->done) && !pg->busy && !pg->stopping && pg->queue_head == w &&
+        !w->coll.hmem) {
+        run_head_unlocking(pg, queue_pop_locked(pg)); /* w is ours still: the caller holds it */
+        return work_result(w);
+    }
     braid_status st = wait_locked(pg, w, deadline, &counted_from);
     pthread_mutex_unlock(&pg->mu);
     if (st != BRAID_OK) {
