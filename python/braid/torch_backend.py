@@ -77,6 +77,21 @@ def _raise_status(status, what):
     raise BraidError(name, "%s: %s" % (what, detail or name))
 
 
+class _no_device:
+    """The context of a host call (torch.cuda.device's place)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _check_status(status, what):
+    if status != _lib.BRAID_OK:
+        _raise_status(status, what)
+
+
 def _bytes(t):
     """t's elements as a flat uint8 view (t contiguous)."""
     return t.reshape(-1).view(torch.uint8)
@@ -184,6 +199,39 @@ class _BraidWork(dist.Work):
     def result(self):
         self.wait()
         return self._fut.value()
+
+    def synchronize(self):
+        pass
+
+
+class _DoneWork(dist.Work):
+    """The Work of a call that ran to completion before it was returned (a
+    synchronous call from torch.distributed's own function, which waits for
+    it at once): its Future is made only if asked for."""
+
+    def __init__(self, result):
+        super().__init__()
+        self._result = result
+
+    def wait(self, timeout=None):
+        return True
+
+    def get_future(self):
+        fut = torch.futures.Future()
+        fut.set_result(self._result)
+        return fut
+
+    def is_completed(self):
+        return True
+
+    def is_success(self):
+        return True
+
+    def exception(self):
+        return None
+
+    def result(self):
+        return self._result
 
     def synchronize(self):
         pass
@@ -297,40 +345,40 @@ class BraidProcessGroup(dist.ProcessGroup):
         (or torch 2's batch_isend_irecv on CPU, which issues them one by
         one) would never finish."""
         cuda = device.type == "cuda"
-        fut = torch.futures.Future(devices=[device]) if cuda else torch.futures.Future()
+        waits = not cuda and _caller_waits()
         with self._lock:
             if self._closed:
                 raise _invalid(what, "the process group was destroyed")
             batch = self._batch
-            if p2p and batch is None and not cuda:
-                work = self._work(fut)
-                work._flusher = self._flush_p2p
-                self._open_p2p.append((call, fut, finish, keep, work))
-                if not _caller_waits():
-                    return work
-                self._flush_p2p_locked()
-        if p2p and batch is None and not cuda:
-            work.wait()
-            return work
-        with self._lock:
-            self._flush_p2p_locked()
-            h = ctypes.c_void_p()
-            blocking = batch is None and not cuda and _caller_waits()
-            out = None if batch is not None or blocking else ctypes.byref(h)
-            if cuda:
-                with torch.cuda.device(device):
-                    status = call(out)
-            else:
-                status = call(out)
-            if status != _lib.BRAID_OK:
-                _raise_status(status, what)
-            if batch is not None:
+            if batch is None and not cuda and not p2p and waits:
+                # The common synchronous call: run it, nothing to set up.
+                if self._open_p2p:
+                    self._flush_p2p_locked()
+                _check_status(call(None), what)
+                return _DoneWork(finish())
+            fut = torch.futures.Future(devices=[device]) if cuda else torch.futures.Future()
+            if batch is not None:  # an explicit batch (_start_coalescing)
+                with torch.cuda.device(device) if cuda else _no_device():
+                    _check_status(call(None), what)
                 work = self._work(fut)
                 batch.append((fut, finish, keep, cuda, work))
                 return work
-        if blocking:
-            fut.set_result(finish())
-            return self._work(fut)
+            if p2p and not cuda:  # the implicit batch of sends and receives
+                work = self._work(fut)
+                work._flusher = self._flush_p2p
+                self._open_p2p.append((call, fut, finish, keep, work))
+                if not waits:
+                    return work
+                self._flush_p2p_locked()
+            else:
+                if self._open_p2p:
+                    self._flush_p2p_locked()
+                h = ctypes.c_void_p()
+                with torch.cuda.device(device) if cuda else _no_device():
+                    _check_status(call(ctypes.byref(h)), what)
+        if p2p and not cuda:
+            work.wait()
+            return work
         work = _Work(h, keep, what)
         if cuda:
             # Stream-ordered: the result is in place for later work on the
