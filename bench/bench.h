@@ -56,6 +56,7 @@ typedef struct {
     const char *csv_path;
     const char *plot_path;
     const char *label;   /* series name in csv and plot; NULL: derived */
+    const char *program; /* the name it was run as (argv[0]'s last part), for the header and footer */
     int buffers;         /* --buffers: BENCH_BUF_* */
     int gpu;             /* set by bench_run: this rank uses CUDA device buffers */
 } bench_opts;
@@ -132,7 +133,7 @@ void bench_report_row(bench_report *rep, const bench_opts *opts, int nranks, siz
                       braid_dtype dtype, const char *opname, int root, const bench_result *oop,
                       const bench_result *ip);
 /* Footer lines; returns 0 when no measurement had wrong elements. */
-int bench_report_close(bench_report *rep);
+int bench_report_close(bench_report *rep, const char *program);
 /* Series label for this run (opts->label or e.g. "braid allreduce 4r"). */
 void bench_report_label(const bench_opts *opts, int nranks, char *buf, size_t len);
 

@@ -373,6 +373,7 @@ static void set_defaults(bench_opts *o)
     o->nranks = 4;
     o->algo = BRAID_ALGO_AUTO;
     o->average = 1;
+    o->program = "braid-bench";
 }
 
 /* What the options mean together, once all are read. */
@@ -424,6 +425,10 @@ int bench_parse_args(int argc, char **argv, bench_opts *o)
     const char *prog = "braid-bench";
 
     set_defaults(o);
+    if (argc > 0 && argv[0] && argv[0][0]) {
+        const char *slash = strrchr(argv[0], '/');
+        o->program = slash ? slash + 1 : argv[0];
+    }
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "t:g:b:e:i:f:n:m:w:N:p:c:o:d:r:z:y:T:G:C:a:R:h", longopts, NULL)) != -1) {

@@ -1,9 +1,10 @@
 /* Output of braid-bench, on rank 0 only.
  *
- * The table reproduces nccl-tests' all_reduce_perf / broadcast_perf output
- * byte for byte (header lines, column widths, time precision switching at
- * 100 us and 10 ms, "N/A" in #wrong without -c, the footer), because people
- * diff and parse it with the scripts they already have. Only the device
+ * The table reproduces the output of nccl-tests 2.19 (../shared/third_party)
+ * byte for byte (version and start lines, header lines, column widths,
+ * numbers narrowed to their columns as its getFloatStr does, "N/A" in
+ * #wrong without -c, the footer), because people diff and parse it with
+ * the scripts they already have. Only the device
  * lines differ in content: a rank here is a host process, so they name the
  * CPU instead of a GPU. */
 #include <errno.h>
@@ -78,13 +79,18 @@ static void memory_line(const bench_rank_info *infos, int nranks)
 
 void bench_report_header(const bench_opts *o, const bench_rank_info *infos, int nranks)
 {
-    /* braid's own line first: what nccl-tests users cannot assume here. */
+    /* braid's own line first: what nccl-tests users cannot assume here.
+     * The version line's NCCL codes are 0: no NCCL is involved. */
     memory_line(infos, nranks);
+    int v = braid_version();
+    printf("# nccl-tests version braid-bench-%d.%d.%d nccl-headers=0 nccl-library=0\n", v / 10000, v / 100 % 100,
+           v % 100);
+    printf("# Collective test starting: %s\n", o->program);
     printf("# nThread %d nGpus %d minBytes %ld maxBytes %ld step: %ld(%s) warmup iters: %d iters: %d agg iters: "
-           "%d validation: %d graph: %d\n",
+           "%d validation: %d graph: %d unalign: %d\n",
            o->nthreads, o->ngpus, (long)o->min_bytes, (long)o->max_bytes,
            (long)(o->step_factor > 1 ? o->step_factor : o->step_bytes), o->step_factor > 1 ? "factor" : "bytes",
-           o->warmup_iters, o->iters, o->agg_iters, o->check, 0);
+           o->warmup_iters, o->iters, o->agg_iters, o->check, 0, 0);
     printf("#\n");
     printf("# Using devices\n");
     for (int r = 0; r < nranks; r++) {
@@ -93,32 +99,41 @@ void bench_report_header(const bench_opts *o, const bench_rank_info *infos, int 
         int local = 0;
         for (int p = 0; p < r; p++)
             local += strcmp(infos[p].host, infos[r].host) == 0;
-        printf("#  Rank %2d Group %2d Pid %6d on %10s device %2d [0x%02x] %s\n", r, 0, (int)infos[r].pid,
-               infos[r].host, local, 0, infos[r].cpu[0] ? infos[r].cpu : "cpu");
+        printf("#  Rank %2d Group %2d Pid %6d on %10s device %2d [%04x:%02x:%02x] %s\n", r, 0, (int)infos[r].pid,
+               infos[r].host, local, 0, 0, 0, infos[r].cpu[0] ? infos[r].cpu : "cpu");
     }
     printf("#\n");
     printf("# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place          \n", "", "", "",
            "", "");
-    printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s %6s  %7s  %6s  %6s %6s\n", "size", "count", "type", "redop",
-           "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
-    printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %5s  %7s  %6s  %6s  %5s\n", "(B)", "(elements)", "", "", "",
+    printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s \n", "size", "count", "type",
+           "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
+    printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s \n", "(B)", "(elements)", "", "", "",
            "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
     fflush(stdout);
 }
 
+/* nccl-tests' getFloatStr: the value in width characters, dropping
+ * decimals, then to an exponent, as it needs. */
+static void fit(double v, int width, char *out)
+{
+    if (snprintf(out, (size_t)width + 1, "%*.2f", width, v) <= width)
+        return;
+    if (snprintf(out, (size_t)width + 1, "%*.1f", width, v) <= width)
+        return;
+    if (snprintf(out, (size_t)width + 1, "%*.0f", width, v) <= width)
+        return;
+    snprintf(out, (size_t)width + 1, width >= 7 ? "%*.1e" : "%*.0e", width, v);
+}
+
 static int format_half(char *buf, size_t len, const bench_result *r)
 {
-    char t[32];
-    /* nccl-tests keeps the column at 7 characters by dropping decimals. */
-    if (r->time_us >= 10000.0)
-        snprintf(t, sizeof(t), "%7.0f", r->time_us);
-    else if (r->time_us >= 100.0)
-        snprintf(t, sizeof(t), "%7.1f", r->time_us);
-    else
-        snprintf(t, sizeof(t), "%7.2f", r->time_us);
+    char t[8], alg[7], bus[7];
+    fit(r->time_us, 7, t);
+    fit(r->algbw, 6, alg);
+    fit(r->busbw, 6, bus);
     if (r->wrong >= 0)
-        return snprintf(buf, len, "  %7s  %6.2f  %6.2f  %5g", t, r->algbw, r->busbw, (double)r->wrong);
-    return snprintf(buf, len, "  %7s  %6.2f  %6.2f  %5s", t, r->algbw, r->busbw, "N/A");
+        return snprintf(buf, len, "  %7s  %6s  %6s  %6g", t, alg, bus, (double)r->wrong);
+    return snprintf(buf, len, "  %7s  %6s  %6s    N/A", t, alg, bus);
 }
 
 static void csv_half(FILE *f, const bench_result *r)
@@ -161,12 +176,13 @@ void bench_report_row(bench_report *rep, const bench_opts *opts, int nranks, siz
     }
 }
 
-int bench_report_close(bench_report *rep)
+int bench_report_close(bench_report *rep, const char *program)
 {
     double avg = rep->bw_count ? rep->bw_sum / (double)rep->bw_count : 0.0;
-    printf("# Out of bounds values : %d %s\n", (int)rep->errors, rep->errors ? "FAILED" : "OK");
-    printf("# Avg bus bandwidth    : %g %s\n", avg, "");
+    printf("# %-20s : %d %s\n", "Out of bounds values", (int)rep->errors, rep->errors ? "FAILED" : "OK");
+    printf("# %-20s : %g %s\n", "Avg bus bandwidth", avg, "");
     printf("#\n");
+    printf("# Collective test concluded: %s\n", program);
     /* nccl-tests ends with its last-error line, empty on success. */
     printf("\n");
     fflush(stdout);

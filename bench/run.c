@@ -503,7 +503,7 @@ int bench_run(braid_pg *pg, const bench_opts *opts)
     }
     rc = c.wrong_total ? BENCH_EXIT_WRONG : BENCH_EXIT_OK;
     if (c.rank == 0) {
-        bench_report_close(&rep);
+        bench_report_close(&rep, opts->program);
         if (opts->plot_path) {
             const char *csv = local.csv_path;
             if (bench_plot(opts->plot_path, &csv, 1) != 0 && rc == BENCH_EXIT_OK)

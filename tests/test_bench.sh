@@ -24,19 +24,46 @@ ok() { checks=$((checks + 1)); }
 
 # check_table FILE ROWS CHECKED: the output is nccl-tests' table with ROWS
 # data rows of 13 columns; with CHECKED=1 both #wrong columns are 0, else N/A.
+# The expected header lines are made with the format strings of the
+# vendored nccl-tests 2.19 (src/util.cu), and each row is read by column
+# position, as a parser of fixed columns would.
 check_table() {
   local f=$1 rows=$2 checked=$3 what=$4
-  # Header lines, exactly as nccl-tests prints them.
   local h1 h2 h3
-  h1='#                                                              out-of-place                       in-place          '
-  h2='#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong'
-  h3='#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       '
+  h1=$(printf '# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place          ' '' '' '' '' '')
+  h2=$(printf '# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s %*s' size count type redop root \
+    time algbw busbw '#wrong' time algbw busbw '#wrong' 0 '')
+  h3=$(printf '# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s %*s' '(B)' '(elements)' '' '' '' \
+    '(us)' '(GB/s)' '(GB/s)' '' '(us)' '(GB/s)' '(GB/s)' '' 0 '')
   grep -qxF -- "$h1" "$f" && grep -qxF -- "$h2" "$f" && grep -qxF -- "$h3" "$f" ||
     { fail "$what: column header differs from nccl-tests"; return; }
-  grep -Eq '^# nThread [0-9]+ nGpus [0-9]+ minBytes [0-9]+ maxBytes [0-9]+ step: [0-9]+\((factor|bytes)\) warmup iters: [0-9]+ iters: [0-9]+ agg iters: [0-9]+ validation: [0-9]+ graph: 0$' "$f" ||
+  grep -Eq '^# nccl-tests version [^ ]+ nccl-headers=[0-9]+ nccl-library=[0-9]+$' "$f" ||
+    { fail "$what: no version line"; return; }
+  grep -Eq '^# Collective test starting: braid-bench$' "$f" && grep -Eq '^# Collective test concluded: braid-bench$' "$f" ||
+    { fail "$what: no collective test starting/concluded lines"; return; }
+  grep -Eq '^# nThread [0-9]+ nGpus [0-9]+ minBytes [0-9]+ maxBytes [0-9]+ step: [0-9]+\((factor|bytes)\) warmup iters: [0-9]+ iters: [0-9]+ agg iters: [0-9]+ validation: [0-9]+ graph: 0 unalign: 0$' "$f" ||
     { fail "$what: first header line differs from nccl-tests"; return; }
-  grep -Eq '^#  Rank  0 Group  0 Pid +[0-9]+ on +[^ ]+ device +[0-9]+ \[0x00\] ' "$f" ||
+  grep -Eq '^#  Rank  0 Group  0 Pid +[0-9]+ on +[^ ]+ device +[0-9]+ \[0000:00:00\] ' "$f" ||
     { fail "$what: no device line for rank 0"; return; }
+  # Fixed columns: "%12li  %12li  %8s  %6s  %6s", then per half
+  # "  %7s  %6s  %6s  %6g" (#wrong) or "  %7s  %6s  %6s    N/A" (unchecked).
+  local cols
+  cols=$(awk '
+    function field(at, w,   v) {
+      if (substr($0, at - 2, 2) != "  ") return 0
+      v = substr($0, at, w); gsub(/^ +/, "", v); return v != "" && v !~ / /
+    }
+    !/^#/ && NF > 0 {
+      ok = field(15, 12) && field(29, 8) && field(39, 6) && field(47, 6) && substr($0, 1, 12) ~ /^ *[0-9]+$/
+      at = 53
+      for (h = 0; h < 2 && ok; h++) {
+        ok = field(at + 2, 7) && field(at + 11, 6) && field(at + 19, 6)
+        if (substr($0, at + 25, 7) == "    N/A") at += 32
+        else { ok = ok && field(at + 27, 6); at += 33 }
+      }
+      if (!ok || length($0) != at - 1) print "not in nccl-tests columns: " $0
+    }' "$f")
+  [ -z "$cols" ] || { fail "$what: $cols"; return; }
   # braid's line before the table: each rank's memory and transport.
   grep -Eq '^# braid:( ranks? [0-9]+(-[0-9]+)? (host|device) memory, [a-z_+]+;?)+$' "$f" ||
     { fail "$what: no line naming each rank's memory and transport"; return; }
