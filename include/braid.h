@@ -270,6 +270,15 @@ typedef struct {
     braid_transport_stats transports[BRAID_STATS_MAX_TRANSPORTS];
 } braid_stats;
 
+/** Write the group's flight recorder (its last BRAID_TRACE_BUFFER calls:
+ *  kind, bytes, dtype, op, root or peer, memory, algorithm, transport,
+ *  state and times) to path, or with path NULL into BRAID_TRACE_DIR (a
+ *  file per rank and dump), or to stderr when that is unset. Every rank
+ *  also writes it at the group's first failed call. scripts/braid-trace-merge
+ *  puts the ranks' files side by side. BRAID_ERR_INVALID_ARG when the
+ *  recorder is off (BRAID_TRACE_BUFFER=0). */
+BRAID_API braid_status braid_pg_trace_dump(braid_pg *pg, const char *path);
+
 /** Fill *stats (stats->size set by the caller) with the group's per-kind
  *  call counters and per-transport bytes. Cheap, and safe from any thread
  *  while calls run; a call still running is not counted yet. */

@@ -469,6 +469,15 @@ def check_stats(torch, dist, size):
     peers = sum(t["peers"] for t in after["transports"].values())
     sent = sum(t["bytes_sent"] for t in after["transports"].values())
     assert peers == size - 1 and sent > 0, after["transports"]
+    # The flight recorder, asked for.
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("r", suffix=".txt") as f:
+        braid.torch_backend.trace_dump(path=f.name)
+        text = f.read()
+    rank = dist.get_rank()
+    assert ("# braid flight recorder: rank %d of %d," % (rank, size)) in text, text[:300]
+    assert "# reason: asked for (braid_pg_trace_dump)" in text and " allreduce " in text, text[:600]
 
 
 def braid_threads():

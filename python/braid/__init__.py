@@ -234,6 +234,12 @@ class ProcessGroup:
                       for t in s.transports[: s.ntransports]}
         return {"calls": calls, "transports": transports}
 
+    def trace_dump(self, path=None):
+        """Write the group's flight recorder (its last BRAID_TRACE_BUFFER
+        calls) to path, or into BRAID_TRACE_DIR, or to stderr
+        (braid_pg_trace_dump); scripts/braid-trace-merge reads the files."""
+        _check(_LIB.braid_pg_trace_dump(self._handle(), path.encode() if path else None), "trace_dump")
+
     def abort(self):
         """Make every pending and future call on the group fail fast."""
         _LIB.braid_pg_abort(self._handle())

@@ -194,6 +194,7 @@ def _declare(lib):
         "braid_group_end": (st, [vp, c.POINTER(vp)]),
         "braid_pg_error": (st, [vp]),
         "braid_pg_stats": (st, [vp, c.POINTER(Stats)]),
+        "braid_pg_trace_dump": (st, [vp, c.c_char_p]),
         "braid_wait": (st, [vp, i]),
         "braid_test": (st, [vp, c.POINTER(i)]),
         "braid_work_free": (None, [vp]),

@@ -43,7 +43,7 @@ import torch.distributed as dist
 from . import BraidError, ProcessGroup as _Group, Work as _Work, _LIB, _lib, unique_id
 from ._completer import Completer, Pending
 
-__all__ = ["BACKEND", "BraidProcessGroup", "stats"]
+__all__ = ["BACKEND", "BraidProcessGroup", "stats", "trace_dump"]
 
 BACKEND = "braid"
 _UID_KEY = "braid/unique_id"
@@ -269,6 +269,11 @@ class BraidProcessGroup(dist.ProcessGroup):
         """braid's counters for this group: calls, bytes and times per kind
         of call, bytes sent per transport (braid.ProcessGroup.stats)."""
         return self._group.stats()
+
+    def trace_dump(self, path=None):
+        """Write braid's flight recorder for this group
+        (braid.ProcessGroup.trace_dump)."""
+        self._group.trace_dump(path)
 
     def _get_backend_name(self):
         return BACKEND
@@ -835,6 +840,15 @@ def stats(group=None):
     if not isinstance(pg, BraidProcessGroup):
         raise _invalid("stats", "the group is a %s group, not braid's" % type(pg).__name__)
     return pg.stats()
+
+
+def trace_dump(group=None, path=None):
+    """Write braid's flight recorder of a group of the backend "braid" (the
+    default group when None): see BraidProcessGroup.trace_dump."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, BraidProcessGroup):
+        raise _invalid("trace_dump", "the group is a %s group, not braid's" % type(pg).__name__)
+    pg.trace_dump(path)
 
 
 def _create(store, rank, size, timeout):

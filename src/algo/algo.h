@@ -148,6 +148,10 @@ const braid_hier_topo *braid__hier_topo(const braid_algo_ctx *ctx);
 /* Tuner's choice for an all-reduce of count dtype elements (never AUTO;
  * a forced hierarchical all-reduce on a topology without one becomes RING). */
 braid_algo braid__allreduce_algo(const braid_algo_ctx *ctx, size_t count, braid_dtype dtype);
+/* The algorithm a job ran ("ring", "rd", "tree", "chain", "p2p", "group",
+ * "staged"...), for the flight recorder: call it after the job ran (an
+ * all-reduce's choice is made when it runs). size: the group's. */
+const char *braid__coll_algo_name(const braid_coll *c, int size);
 
 /* Largest message (bytes) that recursive doubling takes on n ranks; never
  * above BRAID_RD_MAX_CAP (dispatch.c explains the cap). */

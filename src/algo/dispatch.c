@@ -109,6 +109,23 @@ static const char *algo_name(braid_algo a)
     }
 }
 
+const char *braid__coll_algo_name(const braid_coll *c, int size)
+{
+    if (c->hmem)
+        return "staged"; /* device buffers: host pieces through pinned memory, or the device ring */
+    switch (c->kind) {
+    case BRAID_COLL_ALLREDUCE: return c->algo == BRAID_ALGO_AUTO ? "-" : algo_name(c->algo);
+    case BRAID_COLL_BROADCAST:
+        return size > 2 && c->count * braid_dtype_size(c->dtype) <= TREE_BCAST_MAX_BYTES ? "tree" : "chain";
+    case BRAID_COLL_REDUCE: return "chain";
+    case BRAID_COLL_ALLGATHER:
+    case BRAID_COLL_REDUCE_SCATTER: return "ring";
+    case BRAID_COLL_SEND:
+    case BRAID_COLL_RECV: return "p2p";
+    default: return "group";
+    }
+}
+
 /* Logs each algorithm's first use in the group at INFO, with the topology
  * for the hierarchical one, and a forced one that the topology overrides. */
 static void log_choice(const braid_algo_ctx *ctx, const braid_coll *coll, braid_algo algo)

@@ -45,6 +45,13 @@ const braid_param_info braid__params[] = {
         "serves same-host peers, alone every peer; `cuda_ipc` next to others allows device links (on by default "
         "in CUDA builds; a list without it turns them off), alone every peer. Unset: shm for same-host peers, "
         "verbs or tcp for the rest"),
+    INT("BRAID_TRACE_BUFFER", CORE, 0, 10000000, "2000",
+        "flight recorder: calls each group keeps (kind, size, peer, algorithm, state, times), written out at the "
+        "group's first failure and by `braid_pg_trace_dump`; 0 turns it off"),
+    STR("BRAID_TRACE_DIR", CORE, NULL,
+        "flight recorder: directory for its files, one per rank and dump (`braid-trace-GROUP-rRANK-pPID-N.txt`; "
+        "`scripts/braid-trace-merge` reads them); unset: the last 32 records go to stderr (at a failure, unless "
+        "`BRAID_DEBUG=NONE`)"),
     STR("BRAID_HOST_ID", CORE, NULL,
         "ranks with equal values use shared memory between them (unset: host name, boot id and network "
         "namespace)"),

@@ -17,6 +17,7 @@
 #include "log.h"
 #include "param.h"
 #include "pg.h"
+#include "trace.h"
 #include "pg_int.h"
 #include "pg_shrink.h"
 #include "refuse.h"
@@ -57,6 +58,7 @@ static braid_pg *pg_alloc(int rank, int size)
     braid__work_cond_init(pg);
     atomic_init(&pg->aborted, 0);
     atomic_init(&pg->error, BRAID_OK);
+    pg->trace = braid__trace_new();
     return pg;
 }
 
@@ -143,6 +145,7 @@ static void pg_release_members(braid_pg *pg)
     free(pg->link);
     free(pg->host_hash);
     free(pg->hier_topo);
+    braid__trace_free(pg->trace);
 }
 
 static braid_status pg_init_common(braid_pg **out, int rank, int size, const braid_rendezvous *rv,

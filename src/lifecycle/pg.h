@@ -23,6 +23,7 @@ struct braid_work {
     int64_t start_ms;           /* when the executor began it; 0 while queued (under pg->mu) */
     braid_status status;
     char error_text[512];
+    uint64_t trace_id;          /* its flight-recorder record (trace.h); 0: none */
 };
 
 /* braid_pg.magic: a live group, and one braid_pg_destroy has released.
@@ -100,6 +101,10 @@ struct braid_pg {
         uint64_t calls, failed, bytes, total_ns, max_ns;
     } kind_stats[BRAID_COLL_KIND_COUNT];
     uint64_t sent_by_transport[BRAID_TRANSPORT_ID_COUNT];
+    /* The flight recorder (trace.h; NULL: off), under mu; trace_dumped:
+     * the group's first failure was written out. */
+    struct braid_trace *trace;
+    int trace_dumped;
     braid_work *queue_head, *queue_tail;
     int busy;
     int stopping;

@@ -9,10 +9,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "algo/algo.h"
 #include "clock.h"
 #include "hmem.h"
 #include "log.h"
 #include "pg.h"
+#include "trace.h"
 #include "status.h"
 
 static void work_unref(braid_work *w)
@@ -89,14 +91,19 @@ static void count_call_locked(braid_pg *pg, int kind, uint64_t bytes, braid_stat
  * soon as it is idle). */
 static void run_head_unlocking(braid_pg *pg, braid_work *w)
 {
-    w->start_ms = braid__now_ms();
-    pg->busy = 1;
-    pthread_mutex_unlock(&pg->mu);
+    /* One clock read per end of the call serves the wait deadline, the
+     * statistics and the flight recorder. */
     int64_t t0 = braid__now_ns();
+    w->start_ms = t0 / 1000000;
+    pg->busy = 1;
+    braid__trace_started(pg->trace, w->trace_id, t0);
+    pthread_mutex_unlock(&pg->mu);
     braid_status st = braid__coll_run(pg, &w->coll);
-    int64_t ns = braid__now_ns() - t0;
+    int64_t t1 = braid__now_ns();
     pthread_mutex_lock(&pg->mu);
-    count_call_locked(pg, call_kind(&w->coll), call_bytes(&w->coll), st, ns);
+    count_call_locked(pg, call_kind(&w->coll), call_bytes(&w->coll), st, t1 - t0);
+    braid__trace_ended(pg->trace, w->trace_id, st, braid__coll_algo_name(&w->coll, pg->size), t1);
+    braid__trace_failed_locked(pg, st);
     pg->busy = 0;
     work_complete_locked(pg, w, st, braid_last_error());
     pthread_mutex_unlock(&pg->mu);
@@ -242,15 +249,20 @@ braid_status braid__work_submit(braid_pg *pg, const braid_coll *coll, braid_work
         c.seq = pg->next_seq;
         pg->next_seq += braid__coll_seqs(&c);
         pg->busy = 1;
+        int64_t t0 = braid__now_ns();
+        uint64_t trace_id = braid__trace_queued(pg->trace, &c, t0);
+        braid__trace_started(pg->trace, trace_id, t0);
         pthread_mutex_unlock(&pg->mu);
         uint64_t bytes = call_bytes(&c);
         int kind = call_kind(&c);
-        int64_t t0 = braid__now_ns();
         braid_status st = braid__coll_run(pg, &c);
-        int64_t ns = braid__now_ns() - t0;
+        int64_t t1 = braid__now_ns();
+        const char *algo = braid__coll_algo_name(&c, pg->size);
         braid__coll_release(&c);
         pthread_mutex_lock(&pg->mu);
-        count_call_locked(pg, kind, bytes, st, ns);
+        count_call_locked(pg, kind, bytes, st, t1 - t0);
+        braid__trace_ended(pg->trace, trace_id, st, algo, t1);
+        braid__trace_failed_locked(pg, st);
         pg->busy = 0;
         /* Only queued work or a stopping destroy waits for the group to go
          * idle; waking the progress thread otherwise costs every small
@@ -271,7 +283,9 @@ braid_status braid__work_submit(braid_pg *pg, const braid_coll *coll, braid_work
     w->coll.seq = pg->next_seq;
     pg->next_seq += braid__coll_seqs(&c);
     w->pg = pg;
-    w->submit_ms = braid__now_ms();
+    int64_t now_ns = braid__now_ns();
+    w->submit_ms = now_ns / 1000000;
+    w->trace_id = braid__trace_queued(pg->trace, &w->coll, now_ns);
     atomic_init(&w->refs, 2);
     atomic_init(&w->done, 0);
     if (pg->queue_tail)
