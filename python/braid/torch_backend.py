@@ -17,14 +17,16 @@ from C++ too (DDP's reducer, buffer broadcasts), it builds on any torch with
 no compiler, and each call costs one ctypes call into libbraid plus the
 bookkeeping below (docs/PERFORMANCE.md gives the figures).
 
-Works are torch's own, made from a torch Future, so ``wait()`` and
-``get_future()`` behave as with gloo. A CPU call's Future completes when
-braid's work does: at once where it is done by the time the call returns,
-else through one thread per group that waits for braid's works in issue
-order (no thread per call). A CUDA call is queued on the tensor's current
-stream; its Future is complete at once and carries the stream's events, so
-``wait()`` makes the caller's current stream wait, as with NCCL (not yet run
-on a GPU).
+A synchronous call from torch.distributed's own functions runs braid's
+blocking path and returns a finished Work. Otherwise ``wait()`` waits for
+braid's work on the calling thread and raises the call's error, and
+``get_future()`` completes when braid's work does, through the group's
+helper thread (no thread per call; python/braid/_completer.py). Sends and
+receives on host memory wait in an implicit batch until the group's next
+other call or a wait for one of them (see ``_issue``). A CUDA call is
+queued on the tensor's current stream; its Future is complete at once and
+carries the stream's events, so ``wait()`` makes the caller's current
+stream wait, as with NCCL (not yet run on a GPU).
 
 What differs from gloo is in python/README.md. Anything braid cannot do
 raises at once, naming the call and the reason.
