@@ -179,6 +179,16 @@ local_tests() {
     if [ -x "$bench_dir/plot.sh" ]; then
       "$bench_dir/plot.sh" "$tmp/both.png" "$csv" "$csv" >/dev/null 2>"$tmp/plotsh.err" &&
         [ -s "$tmp/both.png" ] || fail "bench/plot.sh failed: $(cat "$tmp/plotsh.err")"
+      # Against peers: nccl-tests' table (braid-bench prints the same) and torch-gloo-bench's lines.
+      printf 'torch-gloo ranks=2 bytes=%s time_us=%s busbw_GBps=%s cpu_us=1 ok=1\n' \
+        1024 30 0.05 131072 200 0.9 >"$tmp/gloo.txt"
+      "$bench_dir/plot.sh" "$tmp/peers.png" "$csv" "$tmp/plot.out" "$tmp/gloo.txt" >"$tmp/peers.msg" \
+        2>"$tmp/plotsh.err" && [ "$(head -c 4 "$tmp/peers.png" | od -An -tx1 | tr -d ' \n')" = 89504e47 ] &&
+        grep -q '(4 series)' "$tmp/peers.msg" ||
+        fail "bench/plot.sh with nccl-tests and torch-gloo input: $(cat "$tmp/peers.msg" "$tmp/plotsh.err")"
+      printf 'nothing to plot\n' >"$tmp/junk.txt"
+      "$bench_dir/plot.sh" "$tmp/junk.png" "$tmp/junk.txt" >/dev/null 2>"$tmp/junk.err"
+      [ $? = 2 ] && grep -q 'neither a braid-bench csv' "$tmp/junk.err" || fail "plot.sh must refuse a foreign file"
     fi
   else
     echo "note: gnuplot not installed, --plot not tested"
