@@ -634,12 +634,29 @@ def w_ddp(rank, size, port):
         return ddp_train(torch, dist, rank, group, powersgd.powerSGD_hook, state)
     mine = psgd(braid_group)
     compare("DDP powerSGD_hook", mine, psgd(gloo), 1e-4)
-    # every rank ends with the same parameters (buffers are each rank's own
-    # since the last forward)
-    for p in mine[:len(list(ddp_model(torch, 0).parameters()))]:
-        q = p.clone()
-        dist.broadcast(q, src=0)
-        assert torch.equal(p, q), "ranks disagree after PowerSGD"
+    nparams = len(list(ddp_model(torch, 0).parameters()))
+
+    def same_on_every_rank(name, params):
+        # parameters only: buffers are each rank's own since the last forward
+        for p in params[:nparams]:
+            q = p.clone()
+            dist.broadcast(q, src=0)
+            assert torch.equal(p, q), "ranks disagree after %s" % name
+    same_on_every_rank("PowerSGD", mine)
+    # bf16 compression: gloo here may lack bfloat16 sums, so against braid's
+    # own float32 run, within bfloat16's rounding of each step's gradients.
+    bf16 = getattr(default_hooks, "bf16_compress_hook", None)
+    try:
+        got = ddp_train(torch, dist, rank, braid_group, bf16) if bf16 is not None else None
+    except TypeError as e:  # torch 1.13's DDP takes it only with CUDA and NCCL
+        print("rank %d: DDP bf16_compress_hook: not run, torch refuses it here: %s" % (rank, e))
+        got = None
+    if got is not None:
+        same_on_every_rank("bf16_compress_hook", got)
+        plain = ddp_train(torch, dist, rank, braid_group)
+        worst = max(float((x.double() - y.double()).abs().max()) for x, y in zip(got[:nparams], plain[:nparams]))
+        assert 0 < worst <= 2e-2, "bf16_compress_hook: %g from float32 (want a difference, at most 2e-2)" % worst
+        print("rank %d: DDP bf16_compress_hook: max |bf16 - f32| = %g" % (rank, worst))
     dist.destroy_process_group()
 
 
