@@ -253,9 +253,8 @@ typedef struct {
 typedef struct {
     const char *name;    /* "tcp", "shm", "verbs", "cuda_ipc" */
     int peers;           /* peers this rank reaches over it */
-    uint64_t bytes_sent; /* posted on its connections by braid's algorithms (data, fingerprints),
-                          * counted at the end of each call (a call that broke the group loses its
-                          * count); not what device-collective kernels move */
+    uint64_t bytes_sent; /* posted on its connections by braid's algorithms (data, fingerprints), counted
+                          * as they are posted; not what device-collective kernels move */
 } braid_transport_stats;
 
 #define BRAID_STATS_MAX_KINDS 16

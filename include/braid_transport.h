@@ -43,8 +43,8 @@ typedef struct braid_conn {
     const braid_transport_ops *ops;
     int peer;             /* remote rank */
     braid_status error;   /* sticky: first failure of this connection */
-    uint64_t bytes_sent;  /* posted by braid's algorithms, not yet counted by the group (braid_pg_stats);
-                           * transports leave it alone */
+    uint64_t *bytes_sent; /* where braid's algorithms count what they post on it: the group's total for its
+                           * transport (braid_pg_stats); NULL: not counted. Transports leave it alone */
 } braid_conn;
 
 /** Base of every transport listener; transports embed it first. */

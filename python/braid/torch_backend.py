@@ -99,6 +99,12 @@ def _bytes(t):
     return t.reshape(-1).view(torch.uint8)
 
 
+def _unflatten(flat, outs, n):
+    """Copy rank r's n bytes of flat (a gather's uint8 buffer) into outs[r]."""
+    for r, o in enumerate(outs):
+        _bytes(o).copy_(flat[r * n:(r + 1) * n])
+
+
 def _nbytes(t):
     return t.numel() * t.element_size()
 
@@ -533,8 +539,7 @@ class BraidProcessGroup(dist.ProcessGroup):
         call = lambda w: _LIB.braid_allgather(self._h, t.data_ptr(), flat.data_ptr(), n, _U8, stream, w)  # noqa: E731
 
         def finish():
-            for r, o in enumerate(outs):
-                _bytes(o).copy_(flat[r * n:(r + 1) * n])
+            _unflatten(flat, outs, n)
             return [outs]
         return self._issue(what, t.device, call, [t, flat, outs], finish)
 
@@ -654,8 +659,7 @@ class BraidProcessGroup(dist.ProcessGroup):
         call = lambda w: _LIB.braid_gather(self._h, t.data_ptr(), dst, n, _U8, root, stream, w)  # noqa: E731
 
         def finish():
-            for r, o in enumerate(outs):
-                _bytes(o).copy_(flat[r * n:(r + 1) * n])
+            _unflatten(flat, outs, n)
             return [outs] if outs else []
         return self._issue(what, t.device, call, [t, flat, outs], finish)
 
@@ -835,22 +839,23 @@ def _shutdown_all():
             pass
 
 
+def _braid_group(group, what):
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, BraidProcessGroup):
+        raise _invalid(what, "the group is a %s group, not braid's" % type(pg).__name__)
+    return pg
+
+
 def stats(group=None):
     """braid's counters for a group of the backend "braid" (the default
     group when None): see BraidProcessGroup.stats."""
-    pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    if not isinstance(pg, BraidProcessGroup):
-        raise _invalid("stats", "the group is a %s group, not braid's" % type(pg).__name__)
-    return pg.stats()
+    return _braid_group(group, "stats").stats()
 
 
 def trace_dump(group=None, path=None):
     """Write braid's flight recorder of a group of the backend "braid" (the
     default group when None): see BraidProcessGroup.trace_dump."""
-    pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    if not isinstance(pg, BraidProcessGroup):
-        raise _invalid("trace_dump", "the group is a %s group, not braid's" % type(pg).__name__)
-    pg.trace_dump(path)
+    _braid_group(group, "trace_dump").trace_dump(path)
 
 
 def _create(store, rank, size, timeout):

@@ -67,11 +67,12 @@ static inline braid_status braid__ctx_scratch(const braid_algo_ctx *ctx, size_t 
     return ctx->scratch(ctx->owner, bytes, buf);
 }
 
-/* Post a send on conn, counting its bytes for braid_pg_stats (the group
- * adds them to its transport's total after each call). */
+/* Post a send on conn, counting its bytes for braid_pg_stats, which reads
+ * the total from any thread. */
 static inline braid_status braid__conn_isend(braid_conn *conn, braid_req *req, const void *buf, size_t len)
 {
-    conn->bytes_sent += len;
+    if (conn->bytes_sent)
+        __atomic_fetch_add(conn->bytes_sent, (uint64_t)len, __ATOMIC_RELAXED);
     return conn->ops->isend(conn, req, buf, len);
 }
 

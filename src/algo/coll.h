@@ -108,8 +108,13 @@ typedef struct braid_coll {
     void *stream; /* a call inside a group: the caller's CUDA stream (cudaStream_t), or NULL */
 } braid_coll;
 
-/* A job's name for messages: its kind's, or for a group that runs one
- * public call (braid_alltoall...) that call's. */
+/* A job's kind: its own, or for a group that runs one public call
+ * (braid_alltoall...) that call's; and that kind's name, for messages. */
+int braid__coll_job_kind(const braid_coll *coll);
 const char *braid__coll_job_name(const braid_coll *coll);
+/* A job's count times its element size; a group's, summed over its calls
+ * (over the sends only for a group that runs a public call: alltoall...).
+ * What braid_pg_stats and the flight recorder count. */
+uint64_t braid__coll_job_bytes(const braid_coll *coll);
 
 #endif

@@ -81,7 +81,23 @@ size_t braid__blocks_on(braid_blocks b, int rank, int root, int size)
     return 0;
 }
 
+int braid__coll_job_kind(const braid_coll *coll)
+{
+    return coll->kind == BRAID_COLL_GROUP && coll->call ? (int)coll->call : (int)coll->kind;
+}
+
 const char *braid__coll_job_name(const braid_coll *coll)
 {
-    return braid__kind(coll->kind == BRAID_COLL_GROUP && coll->call ? coll->call : coll->kind)->name;
+    return braid__kind(braid__coll_job_kind(coll))->name;
+}
+
+uint64_t braid__coll_job_bytes(const braid_coll *coll)
+{
+    if (coll->kind != BRAID_COLL_GROUP)
+        return (uint64_t)coll->count * braid_dtype_size(coll->dtype);
+    uint64_t sum = 0;
+    for (int i = 0; i < coll->nops; i++)
+        if (!coll->call || coll->ops[i].kind == BRAID_COLL_SEND)
+            sum += braid__coll_job_bytes(&coll->ops[i]);
+    return sum;
 }

@@ -51,10 +51,17 @@ static void log_broadcast(const braid_algo_ctx *ctx, unsigned bit, const char *n
                ctx->size);
 }
 
+/* Small broadcasts to more than two ranks go down a tree, the rest along a
+ * pipelined chain. */
+static int tree_broadcast(int size, const braid_coll *c)
+{
+    return size > 2 && c->count * braid_dtype_size(c->dtype) <= TREE_BCAST_MAX_BYTES;
+}
+
 static braid_status run_broadcast(const braid_algo_ctx *ctx, braid_algo_run *run)
 {
     size_t bytes = run->coll->count * braid_dtype_size(run->coll->dtype);
-    if (ctx->size > 2 && bytes <= TREE_BCAST_MAX_BYTES) {
+    if (tree_broadcast(ctx->size, run->coll)) {
         log_broadcast(ctx, LOGGED_BCAST_TREE, "tree", bytes);
         return braid__tree_broadcast(run);
     }
@@ -115,8 +122,7 @@ const char *braid__coll_algo_name(const braid_coll *c, int size)
         return "staged"; /* device buffers: host pieces through pinned memory, or the device ring */
     switch (c->kind) {
     case BRAID_COLL_ALLREDUCE: return c->algo == BRAID_ALGO_AUTO ? "-" : algo_name(c->algo);
-    case BRAID_COLL_BROADCAST:
-        return size > 2 && c->count * braid_dtype_size(c->dtype) <= TREE_BCAST_MAX_BYTES ? "tree" : "chain";
+    case BRAID_COLL_BROADCAST: return tree_broadcast(size, c) ? "tree" : "chain";
     case BRAID_COLL_REDUCE: return "chain";
     case BRAID_COLL_ALLGATHER:
     case BRAID_COLL_REDUCE_SCATTER: return "ring";

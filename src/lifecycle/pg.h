@@ -94,9 +94,10 @@ struct braid_pg {
      * in a blocking caller or on the progress thread. */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    /* Per kind of call (braid_coll_kind), and bytes sent per transport id:
-     * updated under mu at the end of each call (src/lifecycle/work.c),
-     * read by braid_pg_stats. */
+    /* Per kind of call (braid_coll_kind): updated under mu at the end of
+     * each call (src/lifecycle/work.c). Bytes sent per transport id: added
+     * atomically as the algorithms post them (braid__conn_isend, through
+     * each connection's bytes_sent). Both read by braid_pg_stats. */
     struct braid_kind_counters {
         uint64_t calls, failed, bytes, total_ns, max_ns;
     } kind_stats[BRAID_COLL_KIND_COUNT];

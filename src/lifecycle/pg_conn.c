@@ -33,6 +33,7 @@ braid_status braid__pg_conn(braid_pg *pg, int peer, braid_conn **conn)
             return st;
         }
     }
+    c->bytes_sent = &pg->sent_by_transport[id];
     pg->conns[peer] = c;
     *conn = c;
     return BRAID_OK;

@@ -38,7 +38,7 @@ BRAID_API braid_status braid_pg_stats(const braid_pg *pg, braid_stats *stats)
         const braid_transport_ops *t = braid__transport_get((braid_transport_id)id);
         out->name = t ? t->name : "unknown";
         out->peers = peers[id];
-        out->bytes_sent = pg->sent_by_transport[id];
+        out->bytes_sent = __atomic_load_n(&pg->sent_by_transport[id], __ATOMIC_RELAXED);
     }
     pthread_mutex_unlock(&locked->mu);
     return BRAID_OK;

@@ -53,16 +53,6 @@ void braid__trace_free(braid_trace *t)
     free(t);
 }
 
-static uint64_t coll_bytes(const braid_coll *c)
-{
-    if (c->kind != BRAID_COLL_GROUP)
-        return (uint64_t)c->count * braid_dtype_size(c->dtype);
-    uint64_t sum = 0;
-    for (int i = 0; i < c->nops; i++)
-        sum += coll_bytes(&c->ops[i]);
-    return sum;
-}
-
 static trace_entry *entry(braid_trace *t, uint64_t id)
 {
     if (!t || !id)
@@ -77,12 +67,12 @@ uint64_t braid__trace_queued(braid_trace *t, const braid_coll *c, int64_t now_ns
         return 0;
     uint64_t id = ++t->last;
     trace_entry *e = &t->e[(id - 1) % (uint64_t)t->cap];
-    int kind = c->kind == BRAID_COLL_GROUP && c->call ? (int)c->call : (int)c->kind;
+    int kind = braid__coll_job_kind(c);
     const braid_kind_traits *k = braid__kind(kind);
     *e = (trace_entry){
         .id = id,
         .seq = c->seq,
-        .bytes = coll_bytes(c),
+        .bytes = braid__coll_job_bytes(c),
         .queued_ns = now_ns - t->t0_ns,
         .kind = kind,
         .dtype = c->kind == BRAID_COLL_GROUP ? -1 : (int)c->dtype,
@@ -114,27 +104,34 @@ void braid__trace_ended(braid_trace *t, uint64_t id, braid_status st, const char
     }
 }
 
-/* "shm: 1; tcp: 2 3": the transport of each peer, grouped. */
-static void peers_line(const braid_pg *pg, char *out, size_t cap)
+/* peers: "shm: 1; tcp: 2 3", the transport of each peer, grouped; names:
+ * "shm+tcp", every transport serving a peer (a collective's). */
+static void transports_of(const braid_pg *pg, char *peers, size_t pcap, char *names, size_t ncap)
 {
-    size_t n = 0;
-    out[0] = '\0';
-    for (int id = 0; id < BRAID_TRANSPORT_ID_COUNT && n < cap; id++) {
+    size_t n = 0, m = 0;
+    peers[0] = names[0] = '\0';
+    for (int id = 0; id < BRAID_TRANSPORT_ID_COUNT; id++) {
         int any = 0;
-        for (int p = 0; p < pg->size && n < cap; p++) {
+        for (int p = 0; p < pg->size; p++) {
             if (p == pg->rank || pg->link[p] != id)
                 continue;
             if (!any) {
                 const braid_transport_ops *t = braid__transport_get((braid_transport_id)id);
-                n += (size_t)snprintf(out + n, cap - n, "%s%s:", n ? "; " : "", t ? t->name : "?");
+                const char *name = t ? t->name : "?";
+                if (n < pcap)
+                    n += (size_t)snprintf(peers + n, pcap - n, "%s%s:", n ? "; " : "", name);
+                if (m < ncap)
+                    m += (size_t)snprintf(names + m, ncap - m, "%s%s", m ? "+" : "", name);
                 any = 1;
             }
-            if (n < cap)
-                n += (size_t)snprintf(out + n, cap - n, " %d", p);
+            if (n < pcap)
+                n += (size_t)snprintf(peers + n, pcap - n, " %d", p);
         }
     }
-    if (!out[0])
-        snprintf(out, cap, "none");
+    if (!peers[0])
+        snprintf(peers, pcap, "none");
+    if (!names[0])
+        snprintf(names, ncap, "-");
 }
 
 static const char *peer_transport(const braid_pg *pg, const trace_entry *e, const char *all)
@@ -161,18 +158,9 @@ enum { STDERR_RECORDS = 32 };
 
 static void write_records(FILE *f, const braid_pg *pg, const braid_trace *t, const char *reason)
 {
-    char host[128] = "?", peers[512], transports[64] = "";
+    char host[128] = "?", peers[512], transports[64];
     gethostname(host, sizeof(host) - 1);
-    peers_line(pg, peers, sizeof(peers));
-    /* A collective's transports: every one serving a peer. */
-    for (int id = 0; id < BRAID_TRANSPORT_ID_COUNT; id++)
-        for (int p = 0; p < pg->size; p++)
-            if (p != pg->rank && pg->link[p] == id) {
-                const braid_transport_ops *o = braid__transport_get((braid_transport_id)id);
-                size_t n = strlen(transports);
-                snprintf(transports + n, sizeof(transports) - n, "%s%s", n ? "+" : "", o ? o->name : "?");
-                break;
-            }
+    transports_of(pg, peers, sizeof(peers), transports, sizeof(transports));
     uint64_t first = t->last > (uint64_t)t->cap ? t->last - (uint64_t)t->cap + 1 : 1;
     const trace_entry *started = NULL, *done = NULL;
     for (uint64_t id = first; id <= t->last; id++) {
@@ -218,7 +206,7 @@ static void write_records(FILE *f, const braid_pg *pg, const braid_trace *t, con
                 (unsigned long long)e->seq, braid__kind(e->kind)->name, (unsigned long long)e->bytes,
                 e->dtype >= 0 ? braid__dtype_name((braid_dtype)e->dtype) : "-",
                 e->op >= 0 ? braid__op_name((braid_op)e->op) : "-", peer, e->device ? "device" : "host",
-                e->algo ? e->algo : "-", peer_transport(pg, e, transports[0] ? transports : "-"),
+                e->algo ? e->algo : "-", peer_transport(pg, e, transports),
                 state_names[e->state], q, s, d, e->state >= DONE ? braid_status_string(e->status) : "-");
     }
     fflush(f);

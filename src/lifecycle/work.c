@@ -45,45 +45,23 @@ static braid_work *queue_pop_locked(braid_pg *pg)
     return w;
 }
 
-/* A call's count times its element size; a group's, summed over its calls
- * (over the sends only for the public calls a group runs: alltoall...). */
-static uint64_t call_bytes(const braid_coll *c)
-{
-    if (c->kind != BRAID_COLL_GROUP)
-        return (uint64_t)c->count * braid_dtype_size(c->dtype);
-    uint64_t sum = 0;
-    for (int i = 0; i < c->nops; i++)
-        if (!c->call || c->ops[i].kind == BRAID_COLL_SEND)
-            sum += call_bytes(&c->ops[i]);
-    return sum;
-}
-
-static int call_kind(const braid_coll *c)
-{
-    return c->kind == BRAID_COLL_GROUP && c->call ? (int)c->call : (int)c->kind;
-}
-
-/* Count a call of kind (call_kind) that ran for ns (braid_pg_stats), and move the bytes its
- * connections counted to their transports' totals; pg->mu held, the
- * group still busy with it (no other call touches the connections). */
-static void count_call_locked(braid_pg *pg, int kind, uint64_t bytes, braid_status st, int64_t ns)
+/* A call of kind (braid__coll_job_kind) ran from t0 to t1 (braid__now_ns)
+ * and ended with st: count it (braid_pg_stats) and close its flight-recorder
+ * record, which the group's first failure writes out; pg->mu held. */
+static void call_ended_locked(braid_pg *pg, int kind, uint64_t bytes, uint64_t trace_id, const char *algo,
+                              braid_status st, int64_t t0, int64_t t1)
 {
     if ((unsigned)kind < BRAID_COLL_KIND_COUNT) {
         struct braid_kind_counters *k = &pg->kind_stats[kind];
         k->calls++;
         k->failed += st != BRAID_OK;
         k->bytes += bytes;
-        k->total_ns += (uint64_t)ns;
-        if ((uint64_t)ns > k->max_ns)
-            k->max_ns = (uint64_t)ns;
+        k->total_ns += (uint64_t)(t1 - t0);
+        if ((uint64_t)(t1 - t0) > k->max_ns)
+            k->max_ns = (uint64_t)(t1 - t0);
     }
-    for (int p = 0; pg->conns && p < pg->size; p++) {
-        braid_conn *conn = pg->conns[p];
-        if (conn && conn->bytes_sent) {
-            pg->sent_by_transport[pg->link[p]] += conn->bytes_sent;
-            conn->bytes_sent = 0;
-        }
-    }
+    braid__trace_ended(pg->trace, trace_id, st, algo, t1);
+    braid__trace_failed_locked(pg, st);
 }
 
 /* Run the queue's head w (popped by the caller, pg->mu held, the group
@@ -101,9 +79,8 @@ static void run_head_unlocking(braid_pg *pg, braid_work *w)
     braid_status st = braid__coll_run(pg, &w->coll);
     int64_t t1 = braid__now_ns();
     pthread_mutex_lock(&pg->mu);
-    count_call_locked(pg, call_kind(&w->coll), call_bytes(&w->coll), st, t1 - t0);
-    braid__trace_ended(pg->trace, w->trace_id, st, braid__coll_algo_name(&w->coll, pg->size), t1);
-    braid__trace_failed_locked(pg, st);
+    call_ended_locked(pg, braid__coll_job_kind(&w->coll), braid__coll_job_bytes(&w->coll), w->trace_id,
+                      braid__coll_algo_name(&w->coll, pg->size), st, t0, t1);
     pg->busy = 0;
     work_complete_locked(pg, w, st, braid_last_error());
     pthread_mutex_unlock(&pg->mu);
@@ -253,16 +230,14 @@ braid_status braid__work_submit(braid_pg *pg, const braid_coll *coll, braid_work
         uint64_t trace_id = braid__trace_queued(pg->trace, &c, t0);
         braid__trace_started(pg->trace, trace_id, t0);
         pthread_mutex_unlock(&pg->mu);
-        uint64_t bytes = call_bytes(&c);
-        int kind = call_kind(&c);
+        uint64_t bytes = braid__coll_job_bytes(&c);
+        int kind = braid__coll_job_kind(&c);
         braid_status st = braid__coll_run(pg, &c);
         int64_t t1 = braid__now_ns();
         const char *algo = braid__coll_algo_name(&c, pg->size);
         braid__coll_release(&c);
         pthread_mutex_lock(&pg->mu);
-        count_call_locked(pg, kind, bytes, st, t1 - t0);
-        braid__trace_ended(pg->trace, trace_id, st, algo, t1);
-        braid__trace_failed_locked(pg, st);
+        call_ended_locked(pg, kind, bytes, trace_id, algo, st, t0, t1);
         pg->busy = 0;
         /* Only queued work or a stopping destroy waits for the group to go
          * idle; waking the progress thread otherwise costs every small
