@@ -1,5 +1,5 @@
-/* braid-bench: nccl-tests style all-reduce and broadcast benchmark for
- * braid. See `braid-bench --help` and bench/README.md. */
+/* braid-bench: nccl-tests' benchmarks (all_reduce_perf, all_gather_perf,
+ * ...) on braid. See `braid-bench --help` and bench/README.md. */
 #include <stdio.h>
 
 #include "bench.h"
@@ -9,6 +9,7 @@ int main(int argc, char **argv)
     bench_opts opts;
     /* Rows appear as they are measured, also through a pipe. */
     setvbuf(stdout, NULL, _IOLBF, 0);
+    bench_memory_mark_process_start();
     int prc = bench_parse_args(argc, argv, &opts);
     if (prc != 0)
         return prc > 0 ? BENCH_EXIT_OK : BENCH_EXIT_USAGE;

@@ -15,7 +15,10 @@
 static void usage(FILE *out, const char *prog)
 {
     fprintf(out,
-            "usage: %s [allreduce|broadcast] [options]      (default: allreduce)\n"
+            "usage: %s [COLLECTIVE] [options]      (default: allreduce, or the one a *_perf name says)\n"
+            "COLLECTIVE: %s\n"
+            "  (or nccl-tests' program names: all_reduce_perf, all_gather_perf, ...; braid-bench installed under\n"
+            "  such a name runs that collective)\n"
             "nccl-tests options, same letters and meanings:\n"
             "  -t, --nthreads N          ranks per process (nccl-tests' threads); with -g, N x G ranks\n"
             "  -g, --ngpus N             ranks (GPUs) per thread: ranks per process = -t x -g\n"
@@ -25,23 +28,34 @@ static void usage(FILE *out, const char *prog)
             "  -i, --stepbytes SIZE      else add SIZE each step (default 1M)\n"
             "  -n, --iters N             timed iterations per size (default 20)\n"
             "  -m, --agg_iters N         collectives per iteration, issued as one group (default 1)\n"
-            "  -w, --warmup_iters N      warm-up iterations (default 1, as nccl-tests)\n"
+            "  -w, --warmup_iters N      warm-up iterations at each size -b, 2 x -b, ... up to -e (default 1)\n"
             "  -N, --run_cycles N        sweep the sizes N times, printing each (0: until stopped; default 1)\n"
             "  -c, --check N             verify each size N times and count #wrong (0: off; default 1)\n"
             "  -d, --datatype TYPE       float double half bfloat16 int8 uint8 int32 uint32 int64 uint64 | all\n"
-            "  -o, --op OP               sum prod min max avg mulsum | all (all-reduce)\n"
-            "  -r, --root N              broadcast root (default 0)\n"
-            "  -z, --blocking 0|1        0: issue every iteration, then wait (default); 1: wait for each\n"
+            "  -o, --op OP               sum prod min max avg mulsum | all (allreduce, reduce, reduce_scatter)\n"
+            "  -r, --root N|all          root of broadcast, reduce, gather, scatter (default 0; all or -1: each\n"
+            "                            rank in turn)\n"
+            "  -z, --blocking 0|1|2|3    0: issue every iteration, then wait (default); 1: wait and barrier after\n"
+            "                            each; 2: wait after each, no barrier; 3: as 1, the barrier not timed\n"
             "  -C, --report_cputime 0|1  1: report the time to issue the calls, not to complete them\n"
             "  -a, --average 0|1|2|3     time reported: rank 0's, mean, min or max over ranks (default 1,\n"
             "                            as nccl-tests; 3: the slowest rank)\n"
+            "  -u, --unalign N           buffers start N elements past their alignment (default 0)\n"
+            "  -I, --per_iter_timing 0|1 1: per-iteration min, max, p99 and cv%% columns (host clock)\n"
+            "  -K, --per_iter_skip N     leave the first N iterations out of -I's columns\n"
+            "  -S, --report_timestamps 0|1  1: a timestamp after each row\n"
+            "  -M, --memory 0|1          1: a memory usage line in the footer (resident host memory)\n"
             "  -T, --timeout SEC         group timeout for every blocking wait\n"
             "  -p, --parallel_init 0|1   accepted: each rank is its own process, so ranks always start in\n"
             "                            parallel\n"
             "  -y, --stream_null 0|1     accepted: braid-bench always passes the default stream\n"
+            "  -x, --cta_policy 0|1|2    accepted, no effect: braid has no CTA policy to set\n"
+            "  -V, --device_cta_count N  accepted, no effect without -D\n"
             "  -G, --cudagraph 0         only 0: braid's collectives cannot be captured in CUDA graphs\n"
             "  -R, --local_register 0    only 0: braid has no user buffer registration (verbs registers\n"
             "                            buffers itself, through a cache)\n"
+            "  -D, --device_implementation 0  only 0: braid has no device-initiated (NCCL device API) collectives\n"
+            "  -J, --output_file FILE    refused: braid-bench writes no JSON (--csv FILE keeps every row)\n"
             "braid's own:\n"
             "      --nranks N            local ranks to fork without a launcher (default: -t x -g when\n"
             "                            given, else 4)\n"
@@ -50,11 +64,13 @@ static void usage(FILE *out, const char *prog)
             "      --csv FILE            append rows to FILE (written with a header when new)\n"
             "      --plot FILE.png       plot busbw vs size (gnuplot) of this run, or of --csv FILE\n"
             "      --label NAME          series name in the csv and the plot\n"
+            "Environment as nccl-tests: NCCL_TESTS_MIN_BW (the average busbw must reach 90%% of it, else exit 1),\n"
+            "NCCL_TESTS_ALLTOALLV_SPREAD, NCCL_TESTS_ALLTOALLV_MATRIX_FILE, NCCL_TESTS_ALLTOALLV_MATRIX_SCALE.\n"
             "Under torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), mpirun (OMPI_COMM_WORLD_*)\n"
             "or srun (SLURM_PROCID, SLURM_NTASKS) each process runs -t x -g ranks (default 1);\n"
             "otherwise the ranks are forked on this host. Rank 0 prints the nccl-tests table, after a\n"
             "line naming each rank's memory and transport.\n",
-            prog);
+            prog, bench_coll_names());
 }
 
 int bench_parse_size(const char *text, size_t *out)
@@ -173,12 +189,10 @@ static int parse_algo(const char *text, braid_algo *algo)
 
 static int parse_coll(const char *text, bench_coll *coll)
 {
-    if (strcmp(text, "allreduce") == 0 || strcmp(text, "all_reduce") == 0 || strcmp(text, "all_reduce_perf") == 0)
-        *coll = BENCH_ALLREDUCE;
-    else if (strcmp(text, "broadcast") == 0 || strcmp(text, "bcast") == 0 || strcmp(text, "broadcast_perf") == 0)
-        *coll = BENCH_BROADCAST;
-    else
+    const bench_coll_info *info = bench_coll_find(text);
+    if (!info)
         return -1;
+    *coll = info->id;
     return 0;
 }
 
@@ -229,10 +243,15 @@ static const int_flag int_flags[] = {
     {'w', "warm-up count", 0, 1 << 30, offsetof(bench_opts, warmup_iters)},
     {'N', "run cycle count", 0, 1 << 30, offsetof(bench_opts, run_cycles)},
     {'c', "check count", 0, 1 << 20, offsetof(bench_opts, check)},
-    {'r', "root", 0, 1 << 20, offsetof(bench_opts, root)},
     {'C', "report_cputime flag", 0, 1, offsetof(bench_opts, report_cputime)},
     {'p', "parallel_init flag", 0, 1, NO_FIELD},
     {'y', "stream_null flag", 0, 1, NO_FIELD},
+    {'x', "cta_policy", 0, 2, NO_FIELD},
+    {'u', "unalign element count", 0, 1 << 20, offsetof(bench_opts, unalign)},
+    {'S', "report_timestamps flag", 0, 1, offsetof(bench_opts, report_timestamps)},
+    {'I', "per_iter_timing flag", 0, 1, offsetof(bench_opts, per_iter)},
+    {'K', "per_iter_skip count", 0, 1 << 30, offsetof(bench_opts, per_iter_skip)},
+    {'M', "memory report flag", 0, 1, offsetof(bench_opts, memory_report)},
     {'T', "timeout", 0, 1 << 21, offsetof(bench_opts, timeout_s)},
     {'t', "thread count", 1, 1024, offsetof(bench_opts, nthreads)},
     {'g', "gpu count", 1, 1024, offsetof(bench_opts, ngpus)},
@@ -289,17 +308,32 @@ static int parse_size_flag(int c, const char *text, bench_opts *o)
 static int parse_blocking(const char *text, bench_opts *o)
 {
     long v;
-    /* nccl-tests' 2 and 3 differ from 0 only in where CUDA events
-     * and barriers go; braid-bench times on the host. */
-    if (strcmp(text, "2") == 0 || strcmp(text, "3") == 0) {
-        fprintf(stderr, "braid-bench: -z %s is not supported: modes 2 and 3 place CUDA events and barriers, "
-                        "and braid-bench times on the host (use 0 or 1)\n", text);
-        return -1;
-    }
-    if (parse_int(text, "blocking mode", 0, 1, &v))
+    if (parse_int(text, "blocking mode", 0, 3, &v))
         return -1;
     o->blocking = (int)v;
     return 0;
+}
+
+/* -r: a rank, or every rank in turn ("all", or nccl-tests' -1). */
+static int parse_root(const char *text, bench_opts *o)
+{
+    long v;
+    if (strcasecmp(text, "all") == 0 || strcmp(text, "-1") == 0) {
+        o->root = BENCH_ROOT_ALL;
+        return 0;
+    }
+    if (parse_int(text, "root", 0, 1 << 20, &v))
+        return -1;
+    o->root = (int)v;
+    return 0;
+}
+
+/* -V: nccl-tests takes 1..128 and falls back to 16 otherwise; it only
+ * matters with -D, which braid does not have. */
+static int parse_device_cta_count(const char *text)
+{
+    long v;
+    return parse_int(text, "device_cta_count", 1, 128, &v);
 }
 
 /* -a: nccl-tests' is a digit (the time reported); an algorithm name is
@@ -326,6 +360,16 @@ static int parse_other_flag(int c, const char *text, bench_opts *o)
         return parse_types(text, o);
     case 'z':
         return parse_blocking(text, o);
+    case 'r':
+        return parse_root(text, o);
+    case 'V':
+        return parse_device_cta_count(text);
+    case 'D':
+        return only_default(text, 'D', 0, "braid has no device-initiated (NCCL device API) collectives");
+    case 'J':
+        fprintf(stderr, "braid-bench: -J %s is not supported: braid-bench writes no JSON output (--csv FILE keeps "
+                        "every row, with CPU times)\n", text);
+        return -1;
     case 'G':
         return only_default(text, 'G', 0, "braid's collectives cannot be captured in CUDA graphs");
     case 'R':
@@ -374,6 +418,10 @@ static void set_defaults(bench_opts *o)
     o->algo = BRAID_ALGO_AUTO;
     o->average = 1;
     o->program = "braid-bench";
+    o->min_bw = -1;
+    const char *min_bw = getenv("NCCL_TESTS_MIN_BW");
+    if (min_bw)
+        o->min_bw = atof(min_bw);
 }
 
 /* What the options mean together, once all are read. */
@@ -396,11 +444,20 @@ static int check_combination(const bench_opts *o)
         fprintf(stderr, "braid-bench: -i 0 with -f 1 never reaches maxbytes\n");
         return -1;
     }
-    if (o->coll == BENCH_BROADCAST && o->nops > 1) {
-        fprintf(stderr, "braid-bench: broadcast takes no reduction op\n");
-        return -1;
-    }
     return 0;
+}
+
+/* nccl-tests' adjustments of -I and -K: it warns and goes on. */
+static void adjust_per_iter(bench_opts *o)
+{
+    if (o->per_iter_skip >= o->iters) {
+        fprintf(stderr, "per-iteration skip (-K) must be between 0 and %d. Disabling.\n", o->iters - 1);
+        o->per_iter_skip = 0;
+    }
+    if (o->per_iter_skip && !o->per_iter) {
+        fprintf(stderr, "per-iteration skip (-K) requires per-iteration timing (-I 1). Disabling.\n");
+        o->per_iter_skip = 0;
+    }
 }
 
 int bench_parse_args(int argc, char **argv, bench_opts *o)
@@ -420,6 +477,11 @@ int bench_parse_args(int argc, char **argv, bench_opts *o)
         {"nranks", required_argument, 0, OPT_NRANKS},  {"algo", required_argument, 0, OPT_ALGO},
         {"buffers", required_argument, 0, OPT_BUFFERS}, {"csv", required_argument, 0, OPT_CSV},
         {"plot", required_argument, 0, OPT_PLOT},      {"label", required_argument, 0, OPT_LABEL},
+        {"report_timestamps", required_argument, 0, 'S'}, {"output_file", required_argument, 0, 'J'},
+        {"cta_policy", required_argument, 0, 'x'},     {"device_implementation", required_argument, 0, 'D'},
+        {"device_cta_count", required_argument, 0, 'V'}, {"memory", required_argument, 0, 'M'},
+        {"unalign", required_argument, 0, 'u'},        {"per_iter_timing", required_argument, 0, 'I'},
+        {"per_iter_skip", required_argument, 0, 'K'},
         {"help", no_argument, 0, 'h'},                 {0, 0, 0, 0},
     };
     const char *prog = "braid-bench";
@@ -428,10 +490,15 @@ int bench_parse_args(int argc, char **argv, bench_opts *o)
     if (argc > 0 && argv[0] && argv[0][0]) {
         const char *slash = strrchr(argv[0], '/');
         o->program = slash ? slash + 1 : argv[0];
+        /* Run as all_gather_perf (an installed link), it is that program. */
+        const bench_coll_info *named = bench_coll_find(o->program);
+        if (named)
+            o->coll = named->id;
+        prog = o->program;
     }
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "t:g:b:e:i:f:n:m:w:N:p:c:o:d:r:z:y:T:G:C:a:R:h", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "t:g:b:e:i:f:n:m:w:N:p:I:K:c:o:d:r:z:y:T:hG:C:a:R:x:D:V:J:S:M:u:", longopts, NULL)) != -1) {
         const int_flag *f = find_int_flag(c);
         int rc;
         if (c == 'h') {
@@ -448,13 +515,15 @@ int bench_parse_args(int argc, char **argv, bench_opts *o)
             return -1;
     }
     if (optind < argc && parse_coll(argv[optind], &o->coll) != 0) {
-        fprintf(stderr, "braid-bench: unknown collective '%s' (allreduce or broadcast)\n", argv[optind]);
-        usage(stderr, prog);
+        fprintf(stderr, "braid-bench: unknown collective '%s' (%s)\n", argv[optind], bench_coll_names());
         return -1;
     }
     if (optind + 1 < argc) {
         fprintf(stderr, "braid-bench: unexpected argument '%s'\n", argv[optind + 1]);
         return -1;
     }
-    return check_combination(o);
+    adjust_per_iter(o);
+    if (check_combination(o))
+        return -1;
+    return o->coll == BENCH_ALLTOALLV ? bench_alltoallv_setup() : 0;
 }

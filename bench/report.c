@@ -10,8 +10,12 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "bench.h"
+
+/* nccl-tests' TIME_STRING_FORMAT (-S) */
+#define TIME_FORMAT "%Y-%m-%d %H:%M:%S"
 
 static const char csv_header[] = "size,count,type,redop,root,oop_time_us,oop_algbw,oop_busbw,oop_wrong,"
                                  "ip_time_us,ip_algbw,ip_busbw,ip_wrong,nranks,label,oop_cpu_us,ip_cpu_us";
@@ -21,7 +25,7 @@ void bench_report_label(const bench_opts *opts, int nranks, char *buf, size_t le
     if (opts->label)
         snprintf(buf, len, "%s", opts->label);
     else
-        snprintf(buf, len, "braid %s %dr", opts->coll == BENCH_ALLREDUCE ? "allreduce" : "broadcast", nranks);
+        snprintf(buf, len, "braid %s %dr", bench_coll_get(opts->coll)->name, nranks);
 }
 
 int bench_report_open(bench_report *rep, const bench_opts *opts)
@@ -90,7 +94,20 @@ void bench_report_header(const bench_opts *o, const bench_rank_info *infos, int 
            "%d validation: %d graph: %d unalign: %d\n",
            o->nthreads, o->ngpus, (long)o->min_bytes, (long)o->max_bytes,
            (long)(o->step_factor > 1 ? o->step_factor : o->step_bytes), o->step_factor > 1 ? "factor" : "bytes",
-           o->warmup_iters, o->iters, o->agg_iters, o->check, 0, 0);
+           o->warmup_iters, o->iters, o->agg_iters, o->check, 0, o->unalign);
+    if (o->blocking == 1)
+        printf("# Blocking Enabled: wait and barrier after each inner iteration (-m) \n");
+    if (o->blocking == 2)
+        printf("# Blocking Enabled: wait after each inner iteration (-m), no barrier \n");
+    if (o->blocking == 3)
+        printf("# Blocking Enabled: wait and barrier after each outer iteration (-n); time excludes barrier \n");
+    if (o->per_iter) {
+        /* braid-bench's clock is the host's: nccl-tests says CUDA event timing */
+        printf("# Per-Iteration Report: host timing; i_* uses max over process rows");
+        if (o->per_iter_skip)
+            printf("; summary skips first %d iterations", o->per_iter_skip);
+        printf(" \n");
+    }
     printf("#\n");
     printf("# Using devices\n");
     for (int r = 0; r < nranks; r++) {
@@ -102,13 +119,29 @@ void bench_report_header(const bench_opts *o, const bench_rank_info *infos, int 
         printf("#  Rank %2d Group %2d Pid %6d on %10s device %2d [%04x:%02x:%02x] %s\n", r, 0, (int)infos[r].pid,
                infos[r].host, local, 0, 0, 0, infos[r].cpu[0] ? infos[r].cpu : "cpu");
     }
+    /* nccl-tests' writeResultHeader, its -I, -C and -S variants included */
+    const char *ts_label = o->report_timestamps ? "timestamp" : "";
+    const char *ts_format = o->report_timestamps ? TIME_FORMAT : "";
+    int ts_pad = o->report_timestamps ? 19 : 0;
+    const char *t = o->report_cputime ? "cputime" : "time";
     printf("#\n");
-    printf("# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place          \n", "", "", "",
-           "", "");
-    printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s \n", "size", "count", "type",
-           "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
-    printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s \n", "(B)", "(elements)", "", "", "",
-           "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+    if (o->per_iter) {
+        printf("# %10s  %12s  %8s  %6s  %6s              out-of-place (+ per-iteration)                                "
+               "in-place (+ per-iteration)\n", "", "", "", "", "");
+        printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %7s  %7s  %7s  %7s  %6s  %6s  %6s  %7s  %7s  %7s  "
+               "%7s %*s\n", "size", "count", "type", "redop", "root", t, "algbw", "busbw", "#wrong", "i_min", "i_max",
+               "i_p99", "i_cv%", t, "algbw", "busbw", "#wrong", "i_min", "i_max", "i_p99", "i_cv%", ts_pad, ts_label);
+        printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %7s  %7s  %7s  %7s  %6s  %6s  %6s  %7s  %7s  %7s  "
+               "%7s %*s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(us)", "(us)",
+               "(%)", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(us)", "(us)", "(%)", ts_pad, ts_format);
+    } else {
+        printf("# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place          \n", "", "",
+               "", "", "");
+        printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s %*s\n", "size", "count", "type",
+               "redop", "root", t, "algbw", "busbw", "#wrong", t, "algbw", "busbw", "#wrong", ts_pad, ts_label);
+        printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s %*s\n", "(B)", "(elements)", "",
+               "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "", ts_pad, ts_format);
+    }
     fflush(stdout);
 }
 
@@ -125,15 +158,26 @@ static void fit(double v, int width, char *out)
     snprintf(out, (size_t)width + 1, width >= 7 ? "%*.1e" : "%*.0e", width, v);
 }
 
-static int format_half(char *buf, size_t len, const bench_result *r)
+static int format_half(char *buf, size_t len, const bench_result *r, int per_iter)
 {
     char t[8], alg[7], bus[7];
+    int n;
     fit(r->time_us, 7, t);
     fit(r->algbw, 6, alg);
     fit(r->busbw, 6, bus);
     if (r->wrong >= 0)
-        return snprintf(buf, len, "  %7s  %6s  %6s  %6g", t, alg, bus, (double)r->wrong);
-    return snprintf(buf, len, "  %7s  %6s  %6s    N/A", t, alg, bus);
+        n = snprintf(buf, len, "  %7s  %6s  %6s  %6g", t, alg, bus, (double)r->wrong);
+    else
+        n = snprintf(buf, len, "  %7s  %6s  %6s    N/A", t, alg, bus);
+    if (per_iter) {
+        char mn[8], mx[8], p99[8], cv[8];
+        fit(r->i_min, 7, mn);
+        fit(r->i_max, 7, mx);
+        fit(r->i_p99, 7, p99);
+        fit(r->i_cv, 7, cv);
+        n += snprintf(buf + n, len - (size_t)n, "  %7s  %7s  %7s  %7s", mn, mx, p99, cv);
+    }
+    return n;
 }
 
 static void csv_half(FILE *f, const bench_result *r)
@@ -149,14 +193,20 @@ void bench_report_row(bench_report *rep, const bench_opts *opts, int nranks, siz
                       braid_dtype dtype, const char *opname, int root, const bench_result *oop,
                       const bench_result *ip)
 {
-    char line[512];
+    char line[640];
     char rootname[16];
     int n;
     snprintf(rootname, sizeof(rootname), "%6i", root);
     n = snprintf(line, sizeof(line), "%12li  %12li  %8s  %6s  %6s", (long)bytes, (long)count, bench_type_name(dtype),
                  opname, rootname);
-    n += format_half(line + n, sizeof(line) - (size_t)n, oop);
-    format_half(line + n, sizeof(line) - (size_t)n, ip);
+    n += format_half(line + n, sizeof(line) - (size_t)n, oop, opts->per_iter);
+    n += format_half(line + n, sizeof(line) - (size_t)n, ip, opts->per_iter);
+    if (opts->report_timestamps) {
+        char now[64];
+        time_t t = time(NULL);
+        strftime(now, sizeof(now), TIME_FORMAT, localtime(&t));
+        snprintf(line + n, sizeof(line) - (size_t)n, "%21s", now);
+    }
     /* One write per row, so a row never interleaves with a log line. */
     printf("%s\n", line);
     fflush(stdout);
@@ -176,13 +226,17 @@ void bench_report_row(bench_report *rep, const bench_opts *opts, int nranks, siz
     }
 }
 
-int bench_report_close(bench_report *rep, const char *program)
+int bench_report_close(bench_report *rep, const bench_opts *opts, const bench_memory *mem)
 {
     double avg = rep->bw_count ? rep->bw_sum / (double)rep->bw_count : 0.0;
+    int slow = opts->min_bw >= 0 && avg < opts->min_bw * 0.9;
     printf("# %-20s : %d %s\n", "Out of bounds values", (int)rep->errors, rep->errors ? "FAILED" : "OK");
-    printf("# %-20s : %g %s\n", "Avg bus bandwidth", avg, "");
+    printf("# %-20s : %g %s\n", "Avg bus bandwidth", avg, opts->min_bw < 0 ? "" : (slow ? "FAILED" : "OK"));
     printf("#\n");
-    printf("# Collective test concluded: %s\n", program);
+    printf("# Collective test concluded: %s\n", opts->program);
+    if (mem)
+        bench_memory_print(mem);
+    printf("#\n");
     /* nccl-tests ends with its last-error line, empty on success. */
     printf("\n");
     fflush(stdout);
@@ -190,5 +244,5 @@ int bench_report_close(bench_report *rep, const char *program)
         fclose(rep->csv);
         rep->csv = NULL;
     }
-    return rep->errors ? 1 : 0;
+    return rep->errors || slow ? 1 : 0;
 }

@@ -24,9 +24,10 @@
 struct bench_pattern {
     braid_dtype dtype;
     size_t esize;
-    unsigned char *input;  /* this rank's input, PERIOD elements */
-    unsigned char *expect; /* expected result, PERIOD elements */
-    unsigned char *junk;   /* differs from expect everywhere */
+    unsigned char *input;  /* reductions: this rank's input, PERIOD elements */
+    unsigned char *expect; /* reductions: expected result, PERIOD elements */
+    unsigned char *source; /* moves: every rank's data, nranks x PERIOD elements */
+    unsigned char *junk;   /* differs from every expected value */
 };
 
 /* Well-mixed 32-bit hash of three words (splitmix64 finalizer). */
@@ -119,9 +120,11 @@ static long long allreduce_value(braid_dtype dtype, braid_op op, int r, int n, u
     }
 }
 
-static long long broadcast_value(braid_dtype dtype, int root, uint32_t j, uint32_t seed)
+/* Value of element j of source rank src's data, for the collectives that
+ * move data: within [-100, 100] (signed) or [0, 200], exact in every dtype. */
+static long long source_value(braid_dtype dtype, int src, uint32_t j, uint32_t seed)
 {
-    long long v = (long long)(mix(j, (uint32_t)root, seed) % 201);
+    long long v = (long long)(mix(j, (uint32_t)src, seed) % 201);
     return bench_type_is_signed(dtype) ? v - 100 : v;
 }
 
@@ -199,8 +202,46 @@ static double expected_float(braid_op op, const long long *vals, int n)
     }
 }
 
-int bench_pattern_create(bench_pattern **out, bench_coll coll, braid_dtype dtype, braid_op op, int rank,
-                         int nranks, int root, uint32_t seed)
+/* The tables of a reduction: this rank's input, the result, and junk that
+ * differs from the result element by element. */
+static void reduction_tables(bench_pattern *pat, braid_op op, int rank, int nranks, uint32_t seed, long long *vals)
+{
+    int is_float = bench_type_is_float(pat->dtype);
+    for (uint32_t j = 0; j < PERIOD; j++) {
+        unsigned char *in = pat->input + j * pat->esize;
+        unsigned char *ex = pat->expect + j * pat->esize;
+        unsigned char *jk = pat->junk + j * pat->esize;
+        for (int r = 0; r < nranks; r++)
+            vals[r] = allreduce_value(pat->dtype, op, r, nranks, j, seed);
+        bench_encode(pat->dtype, (double)vals[rank], in);
+        if (is_float) {
+            double e = expected_float(op, vals, nranks);
+            bench_encode(pat->dtype, e, ex);
+            /* -e-3 never rounds back to e, and -inf differs from inf. */
+            bench_encode(pat->dtype, -e - 3, jk);
+        } else {
+            uint64_t e = expected_int(pat->dtype, op, vals, nranks);
+            bench_encode_bits(pat->dtype, e, ex);
+            bench_encode_bits(pat->dtype, ~e - 2, jk); /* -e-3: odd offset, never e mod 2^k */
+        }
+    }
+}
+
+/* The tables of a data movement: every rank's data, and junk outside
+ * their range (117 or 233: exact in every dtype, bfloat16's 8 bits too). */
+static void source_tables(bench_pattern *pat, int nranks, uint32_t seed)
+{
+    double junk = bench_type_is_signed(pat->dtype) ? 117 : 233;
+    for (int r = 0; r < nranks; r++)
+        for (uint32_t j = 0; j < PERIOD; j++)
+            bench_encode(pat->dtype, (double)source_value(pat->dtype, r, j, seed),
+                         pat->source + ((size_t)r * PERIOD + j) * pat->esize);
+    for (uint32_t j = 0; j < PERIOD; j++)
+        bench_encode(pat->dtype, junk, pat->junk + j * pat->esize);
+}
+
+int bench_pattern_create(bench_pattern **out, int reduction, braid_dtype dtype, braid_op op, int rank, int nranks,
+                         uint32_t seed)
 {
     bench_pattern *pat = calloc(1, sizeof(*pat));
     long long *vals = calloc((size_t)nranks, sizeof(*vals));
@@ -208,37 +249,20 @@ int bench_pattern_create(bench_pattern **out, bench_coll coll, braid_dtype dtype
         goto err_free;
     pat->dtype = dtype;
     pat->esize = braid_dtype_size(dtype);
-    pat->input = malloc(PERIOD * pat->esize);
-    pat->expect = malloc(PERIOD * pat->esize);
     pat->junk = malloc(PERIOD * pat->esize);
-    if (!pat->input || !pat->expect || !pat->junk)
+    if (!pat->junk)
         goto err_free;
-
-    int is_float = bench_type_is_float(dtype);
-    for (uint32_t j = 0; j < PERIOD; j++) {
-        unsigned char *in = pat->input + j * pat->esize;
-        unsigned char *ex = pat->expect + j * pat->esize;
-        unsigned char *jk = pat->junk + j * pat->esize;
-        if (coll == BENCH_BROADCAST) {
-            long long v = broadcast_value(dtype, root, j, seed);
-            bench_encode(dtype, (double)v, in);
-            memcpy(ex, in, pat->esize);
-            bench_encode(dtype, (double)(-v - 3), jk);
-            continue;
-        }
-        for (int r = 0; r < nranks; r++)
-            vals[r] = allreduce_value(dtype, op, r, nranks, j, seed);
-        bench_encode(dtype, (double)vals[rank], in);
-        if (is_float) {
-            double e = expected_float(op, vals, nranks);
-            bench_encode(dtype, e, ex);
-            /* -e-3 never rounds back to e, and -inf differs from inf. */
-            bench_encode(dtype, -e - 3, jk);
-        } else {
-            uint64_t e = expected_int(dtype, op, vals, nranks);
-            bench_encode_bits(dtype, e, ex);
-            bench_encode_bits(dtype, ~e - 2, jk); /* -e-3: odd offset, never e mod 2^k */
-        }
+    if (reduction) {
+        pat->input = malloc(PERIOD * pat->esize);
+        pat->expect = malloc(PERIOD * pat->esize);
+        if (!pat->input || !pat->expect)
+            goto err_free;
+        reduction_tables(pat, op, rank, nranks, seed, vals);
+    } else {
+        pat->source = malloc((size_t)nranks * PERIOD * pat->esize);
+        if (!pat->source)
+            goto err_free;
+        source_tables(pat, nranks, seed);
     }
     free(vals);
     *out = pat;
@@ -256,51 +280,78 @@ void bench_pattern_destroy(bench_pattern *pat)
         return;
     free(pat->input);
     free(pat->expect);
+    free(pat->source);
     free(pat->junk);
     free(pat);
 }
 
-static void fill_repeat(const unsigned char *table, size_t esize, void *buf, size_t count)
+/* Copy elements [start, start + count) of a periodic table to buf. */
+static void fill_repeat(const unsigned char *table, size_t esize, size_t start, void *buf, size_t count)
 {
     unsigned char *dst = buf;
-    for (size_t i = 0; i < count; i += PERIOD) {
-        size_t n = count - i < PERIOD ? count - i : PERIOD;
-        memcpy(dst + i * esize, table, n * esize);
+    size_t at = start % PERIOD;
+    for (size_t i = 0; i < count;) {
+        size_t n = PERIOD - at < count - i ? PERIOD - at : count - i;
+        memcpy(dst + i * esize, table + at * esize, n * esize);
+        i += n;
+        at = 0;
     }
 }
 
-void bench_pattern_fill_input(const bench_pattern *pat, void *buf, size_t count)
+void bench_pattern_fill_input(const bench_pattern *pat, void *buf, size_t start, size_t count)
 {
-    fill_repeat(pat->input, pat->esize, buf, count);
+    fill_repeat(pat->input, pat->esize, start, buf, count);
 }
 
-void bench_pattern_fill_junk(const bench_pattern *pat, void *buf, size_t count)
+void bench_pattern_fill_source(const bench_pattern *pat, int src, void *buf, size_t start, size_t count)
 {
-    fill_repeat(pat->junk, pat->esize, buf, count);
+    fill_repeat(pat->source + (size_t)src * PERIOD * pat->esize, pat->esize, start, buf, count);
 }
 
-long long bench_pattern_check(const bench_pattern *pat, const void *buf, size_t count)
+void bench_pattern_fill_junk(const bench_pattern *pat, void *buf, size_t start, size_t count)
+{
+    fill_repeat(pat->junk, pat->esize, start, buf, count);
+}
+
+/* Elements of buf that differ from elements [start, start + count) of a
+ * periodic table. */
+static long long check_repeat(const bench_pattern *pat, const unsigned char *table, const void *buf, size_t start,
+                              size_t count)
 {
     const unsigned char *got = buf;
     long long wrong = 0;
     int is_float = bench_type_is_float(pat->dtype);
-    for (size_t i = 0; i < count; i += PERIOD) {
-        size_t n = count - i < PERIOD ? count - i : PERIOD;
+    size_t at = start % PERIOD;
+    for (size_t i = 0; i < count;) {
+        size_t n = PERIOD - at < count - i ? PERIOD - at : count - i;
         const unsigned char *blk = got + i * pat->esize;
-        /* Fast path: a whole period matches bit for bit. */
-        if (memcmp(blk, pat->expect, n * pat->esize) == 0)
-            continue;
-        for (size_t k = 0; k < n; k++) {
-            const unsigned char *g = blk + k * pat->esize;
-            const unsigned char *e = pat->expect + k * pat->esize;
-            if (is_float) {
-                /* Compare values, so +0 and -0 both pass. */
-                if (bench_decode(pat->dtype, g) != bench_decode(pat->dtype, e))
+        const unsigned char *exp = table + at * pat->esize;
+        /* Fast path: the whole stretch matches bit for bit. */
+        if (memcmp(blk, exp, n * pat->esize) != 0) {
+            for (size_t k = 0; k < n; k++) {
+                const unsigned char *g = blk + k * pat->esize;
+                const unsigned char *e = exp + k * pat->esize;
+                if (is_float) {
+                    /* Compare values, so +0 and -0 both pass. */
+                    if (bench_decode(pat->dtype, g) != bench_decode(pat->dtype, e))
+                        wrong++;
+                } else if (memcmp(g, e, pat->esize) != 0) {
                     wrong++;
-            } else if (memcmp(g, e, pat->esize) != 0) {
-                wrong++;
+                }
             }
         }
+        i += n;
+        at = 0;
     }
     return wrong;
+}
+
+long long bench_pattern_check(const bench_pattern *pat, const void *buf, size_t start, size_t count)
+{
+    return check_repeat(pat, pat->expect, buf, start, count);
+}
+
+long long bench_pattern_check_source(const bench_pattern *pat, int src, const void *buf, size_t start, size_t count)
+{
+    return check_repeat(pat, pat->source + (size_t)src * PERIOD * pat->esize, buf, start, count);
 }

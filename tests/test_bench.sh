@@ -22,26 +22,30 @@ checks=0
 fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
 ok() { checks=$((checks + 1)); }
 
-# check_table FILE ROWS CHECKED: the output is nccl-tests' table with ROWS
-# data rows of 13 columns; with CHECKED=1 both #wrong columns are 0, else N/A.
+# check_table FILE ROWS CHECKED WHAT [PROGRAM]: the output is nccl-tests'
+# table with ROWS data rows of 13 columns; CHECKED=1: both #wrong columns
+# are 0; 0: both N/A; oop: out of place 0, in place N/A (nccl-tests checks
+# no in-place alltoall, alltoallv or sendrecv). PROGRAM (default
+# braid-bench) is the name the start and end lines give.
 # The expected header lines are made with the format strings of the
 # vendored nccl-tests 2.19 (src/util.cu), and each row is read by column
 # position, as a parser of fixed columns would.
 check_table() {
-  local f=$1 rows=$2 checked=$3 what=$4
-  local h1 h2 h3
+  local f=$1 rows=$2 checked=$3 what=$4 prog=${5:-braid-bench}
+  local h1 h2 h3 t=time
+  grep -q '^#  *size .*  cputime  ' "$f" && t=cputime # -C 1, as nccl-tests labels it
   h1=$(printf '# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place          ' '' '' '' '' '')
   h2=$(printf '# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s %*s' size count type redop root \
-    time algbw busbw '#wrong' time algbw busbw '#wrong' 0 '')
+    $t algbw busbw '#wrong' $t algbw busbw '#wrong' 0 '')
   h3=$(printf '# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s %*s' '(B)' '(elements)' '' '' '' \
     '(us)' '(GB/s)' '(GB/s)' '' '(us)' '(GB/s)' '(GB/s)' '' 0 '')
   grep -qxF -- "$h1" "$f" && grep -qxF -- "$h2" "$f" && grep -qxF -- "$h3" "$f" ||
     { fail "$what: column header differs from nccl-tests"; return; }
   grep -Eq '^# nccl-tests version [^ ]+ nccl-headers=[0-9]+ nccl-library=[0-9]+$' "$f" ||
     { fail "$what: no version line"; return; }
-  grep -Eq '^# Collective test starting: braid-bench$' "$f" && grep -Eq '^# Collective test concluded: braid-bench$' "$f" ||
+  grep -qx "# Collective test starting: $prog" "$f" && grep -qx "# Collective test concluded: $prog" "$f" ||
     { fail "$what: no collective test starting/concluded lines"; return; }
-  grep -Eq '^# nThread [0-9]+ nGpus [0-9]+ minBytes [0-9]+ maxBytes [0-9]+ step: [0-9]+\((factor|bytes)\) warmup iters: [0-9]+ iters: [0-9]+ agg iters: [0-9]+ validation: [0-9]+ graph: 0 unalign: 0$' "$f" ||
+  grep -Eq '^# nThread [0-9]+ nGpus [0-9]+ minBytes [0-9]+ maxBytes [0-9]+ step: [0-9]+\((factor|bytes)\) warmup iters: [0-9]+ iters: [0-9]+ agg iters: [0-9]+ validation: [0-9]+ graph: 0 unalign: [0-9]+$' "$f" ||
     { fail "$what: first header line differs from nccl-tests"; return; }
   grep -Eq '^#  Rank  0 Group  0 Pid +[0-9]+ on +[^ ]+ device +[0-9]+ \[0000:00:00\] ' "$f" ||
     { fail "$what: no device line for rank 0"; return; }
@@ -54,7 +58,9 @@ check_table() {
       v = substr($0, at, w); gsub(/^ +/, "", v); return v != "" && v !~ / /
     }
     !/^#/ && NF > 0 {
-      ok = field(15, 12) && field(29, 8) && field(39, 6) && field(47, 6) && substr($0, 1, 12) ~ /^ *[0-9]+$/
+      # redop: hypercube_perf prints an empty one, as nccl-tests does
+      ok = field(15, 12) && field(29, 8) && (field(39, 6) || substr($0, 37, 8) == "        ") && field(47, 6) &&
+        substr($0, 1, 12) ~ /^ *[0-9]+$/
       at = 53
       for (h = 0; h < 2 && ok; h++) {
         ok = field(at + 2, 7) && field(at + 11, 6) && field(at + 19, 6)
@@ -74,11 +80,13 @@ check_table() {
   local bad
   bad=$(awk -v checked="$checked" '
     /^#/ || NF == 0 { next }
+    substr($0, 39, 6) == "      " { $0 = substr($0, 1, 38) "     -" substr($0, 45) } # empty redop
     NF != 13 { print "row with " NF " columns: " $0; next }
     $1 !~ /^[0-9]+$/ || $2 !~ /^[0-9]+$/ { print "bad size/count: " $0; next }
     $6 + 0 < 0 || $10 + 0 < 0 { print "negative time: " $0; next }
     checked == 1 && ($9 != "0" || $13 != "0") { print "wrong elements: " $0; next }
     checked == 0 && ($9 != "N/A" || $13 != "N/A") { print "expected N/A: " $0; next }
+    checked == "oop" && ($9 != "0" || $13 != "N/A") { print "expected 0 out of place, N/A in place: " $0; next }
   ' "$f")
   [ -z "$bad" ] || { fail "$what: $bad"; return; }
   grep -qx '# Out of bounds values : 0 OK' "$f" || { fail "$what: footer does not say 0 OK"; return; }
@@ -99,6 +107,7 @@ run() {
 }
 
 local_tests() {
+  local rc
   local sizes=(-b 8 -e 64K -f 8) # 8 64 512 4096 32768: odd counts for wide types, several chunks
   local nsizes=5
   for n in 2 3 4; do
@@ -134,6 +143,89 @@ local_tests() {
   # allreduce rows show root -1 and the op name.
   awk '!/^#/ && NF > 0 && ($5 != "-1") { bad = 1 } END { exit bad }' "$tmp/ar2.out" ||
     fail "allreduce rows must show root -1"
+
+  # Every nccl-tests program, run under its own name (a link to
+  # braid-bench, as installed): every dtype, with every op where it
+  # reduces and every root in turn (-r all) where it has one, verified at
+  # 3 ranks (odd blocks); hypercube at 4 (it needs a power of two).
+  mkdir -p "$tmp/bin"
+  local p n args rows prog checked
+  for p in all_reduce all_gather broadcast reduce_scatter reduce alltoall alltoallv sendrecv gather scatter hypercube; do
+    prog=${p}_perf
+    ln -sf "$(cd "$(dirname "$bench")" && pwd)/$(basename "$bench")" "$tmp/bin/$prog"
+    n=3 args=() rows=$((10 * 4)) checked=1
+    case $p in
+      all_reduce | reduce_scatter) args=(-o all); rows=$((rows * 6)) ;;
+      reduce) args=(-o all -r all); rows=$((rows * 6 * 3)) ;;
+      broadcast | gather | scatter) args=(-r all); rows=$((rows * 3)) ;;
+      alltoall | alltoallv | sendrecv) checked=oop ;;
+      hypercube) n=4 ;;
+    esac
+    timeout 300 "$tmp/bin/$prog" -t $n -b 16 -e 64K -f 16 -n 2 -w 1 -c 1 -d all "${args[@]}" \
+      >"$tmp/$prog.out" 2>"$tmp/$prog.err" || { fail "$prog exited $?: $(tail -n 5 "$tmp/$prog.err")"; continue; }
+    check_table "$tmp/$prog.out" $rows $checked "$prog -t $n" "$prog"
+    # -r all: each rank in turn in the root column
+    case $p in broadcast | gather | scatter | reduce)
+      [ "$(awk '!/^#/ && NF > 0 { print $5 }' "$tmp/$prog.out" | sort -u | tr '\n' ' ')" = "0 1 2 " ] ||
+        fail "$prog -r all must show roots 0 1 2" ;;
+    esac
+  done
+  # nccl-tests' size column is the larger buffer and count the call's
+  # count, its blocks rounded down to 16 bytes: 64 KiB of floats over 3
+  # ranks is 3 blocks of 5460 (not 5461) floats.
+  for prog in all_gather_perf reduce_scatter_perf alltoall_perf; do
+    awk '!/^#/ && $3 == "float" { print $1, $2 }' "$tmp/$prog.out" | grep -qx '65520 5460' ||
+      fail "$prog 64K float: want size 65520, count 5460"
+  done
+  # busbw as nccl-tests: (n-1)/n x algbw for gathers, algbw for sendrecv and reduce.
+  awk '!/^#/ && NF > 0 { d = $8 - $7 * 2 / 3; if (d < -0.0085 || d > 0.0085) bad = 1 } END { exit bad }' \
+    "$tmp/all_gather_perf.out" || fail "all_gather_perf busbw/algbw at 3 ranks is not 2/3"
+  awk '!/^#/ && NF > 0 && $7 != $8 { bad = 1 } END { exit bad }' "$tmp/sendrecv_perf.out" ||
+    fail "sendrecv_perf busbw differs from algbw"
+  timeout 60 "$tmp/bin/hypercube_perf" -t 3 -b 1K -e 1K -n 1 >"$tmp/hc3.out" 2>&1
+  grep -qx 'nRanks 3 is not a power of 2, skipping' "$tmp/hc3.out" && grep -qx '# Out of bounds values : 0 OK' "$tmp/hc3.out" ||
+    fail "hypercube_perf at 3 ranks must skip as nccl-tests does: $(head -c 300 "$tmp/hc3.out")"
+  # The collective named on the command line wins over the program name.
+  timeout 60 "$tmp/bin/all_reduce_perf" broadcast -t 2 -b 1K -e 1K -n 1 >"$tmp/named.out" 2>&1 &&
+    awk '!/^#/ && NF > 0 { exit $4 != "none" }' "$tmp/named.out" || fail "all_reduce_perf broadcast must broadcast"
+  # alltoallv's traffic as nccl-tests': uniform (spread 0) and from a matrix.
+  NCCL_TESTS_ALLTOALLV_SPREAD=0 run a2av-uniform alltoallv -t 3 -b 1K -e 64K -f 8 -n 2 -w 1 &&
+    check_table "$tmp/a2av-uniform.out" 3 oop "alltoallv spread 0"
+  printf '0 64 128\n256 16 0\n32 48 1024\n' >"$tmp/matrix.txt"
+  NCCL_TESTS_ALLTOALLV_MATRIX_FILE=$tmp/matrix.txt run a2av-matrix alltoallv -t 3 -b 4K -e 4K -n 2 -w 1 &&
+    check_table "$tmp/a2av-matrix.out" 1 oop "alltoallv from a matrix" &&
+    { awk '!/^#/ && NF > 0 { exit !($1 == 1152 && $2 == 0) }' "$tmp/a2av-matrix.out" ||
+      fail "alltoallv matrix: want size 1152 (rank 2 receives 128+0+1024) and count 0"; }
+  NCCL_TESTS_ALLTOALLV_MATRIX_FILE=$tmp/matrix.txt "$bench" alltoallv -t 3 -b 1K -e 4K >/dev/null 2>"$tmp/a2av.err"
+  [ $? = 2 ] && grep -q -- '-b and -e must be equal' "$tmp/a2av.err" || fail "alltoallv matrix with -b != -e must exit 2"
+
+  # -z 1, 2, 3 (blocking), -u (unaligned buffers), -I/-K (per-iteration
+  # columns), -S (timestamps), -M (memory line), as nccl-tests prints them.
+  for z in 1 2 3; do
+    run "z$z" reduce_scatter -t 3 -b 1K -e 64K -f 8 -n 3 -w 1 -z $z -u 3 &&
+      check_table "$tmp/z$z.out" 3 1 "reduce_scatter -z $z -u 3" &&
+      { grep -q '^# Blocking Enabled: ' "$tmp/z$z.out" && grep -q ' unalign: 3$' "$tmp/z$z.out" ||
+        fail "-z $z -u 3: header lines"; }
+  done
+  run periter allgather -t 2 -b 1K -e 64K -f 8 -n 6 -w 1 -I 1 -K 2 -S 1 -M 1 && {
+    local h2
+    h2=$(printf '# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %7s  %7s  %7s  %7s  %6s  %6s  %6s  %7s  %7s  %7s  %7s %*s' \
+      size count type redop root time algbw busbw '#wrong' i_min i_max i_p99 'i_cv%' time algbw busbw '#wrong' \
+      i_min i_max i_p99 'i_cv%' 19 timestamp)
+    grep -qxF -- "$h2" "$tmp/periter.out" || fail "-I 1 -S 1: column header differs from nccl-tests"
+    grep -q '^# Per-Iteration Report: .*summary skips first 2 iterations' "$tmp/periter.out" ||
+      fail "-I 1 -K 2: no per-iteration line"
+    # 21 numbers and a date and time; i_min <= time-ish <= i_max is not
+    # promised (means and maxima over ranks differ), but min <= p99 <= max is.
+    awk '!/^#/ && NF > 0 { if (NF != 23 || $22 !~ /^[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]$/ || $10 > $12 || $11 < $12 || $18 > $20 || $19 < $20) bad = 1; rows++ }
+      END { exit bad || rows != 3 }' "$tmp/periter.out" || fail "-I 1 -S 1 rows: $(grep -v '^#' "$tmp/periter.out")"
+    grep -Eq '^# Host memory usage    : Initialization [0-9.]+ [KMG]?B \| User-Allocated [0-9.]+ [KMG]?B \| Collective [0-9.]+ [KMG]?B \| Total  [0-9.]+ [KMG]?B$' \
+      "$tmp/periter.out" || fail "-M 1: no memory line"
+  }
+  # NCCL_TESTS_MIN_BW: an average below 90% of it fails the run (exit 1).
+  NCCL_TESTS_MIN_BW=1000000 "$bench" -t 2 -b 1K -e 1K -n 1 >"$tmp/minbw.out" 2>&1; rc=$?
+  [ $rc = 1 ] && grep -Eq '^# Avg bus bandwidth    : [0-9.e+-]+ FAILED$' "$tmp/minbw.out" ||
+    fail "NCCL_TESTS_MIN_BW above the result must fail (got $rc)"
 
   # Unverified run: #wrong is N/A; -i steps add; sizes accept suffixes.
   run nocheck allreduce -t 3 -b 1K -e 3K -i 1K -n 2 -w 0 -c 0 -d int32 &&
@@ -197,12 +289,11 @@ local_tests() {
   fi
 
   # Usage errors: exit 2 with a reason, before any rank starts.
-  local rc
   "$bench" allreduce -t 2 -d float17 >/dev/null 2>"$tmp/e1"; rc=$?
   [ $rc = 2 ] && grep -q "unknown datatype 'float17'" "$tmp/e1" || fail "bad -d must exit 2 with a reason (got $rc)"
   "$bench" broadcast -t 2 -r 5 -b 1K -e 1K >/dev/null 2>"$tmp/e2"; rc=$?
   [ $rc = 2 ] && grep -q "root 5 is not a rank" "$tmp/e2" || fail "-r 5 at 2 ranks must exit 2 (got $rc)"
-  "$bench" reduce_scatter >/dev/null 2>"$tmp/e3"; rc=$?
+  "$bench" reduce_scatterx >/dev/null 2>"$tmp/e3"; rc=$?
   [ $rc = 2 ] || fail "unknown collective must exit 2 (got $rc)"
   "$bench" allreduce -b 1M -e 1K >/dev/null 2>"$tmp/e4"; rc=$?
   [ $rc = 2 ] || fail "minbytes > maxbytes must exit 2 (got $rc)"
@@ -210,7 +301,7 @@ local_tests() {
   [ $rc = 2 ] && grep -q "invalid gpu count '0'" "$tmp/e5" || fail "-g 0 must exit 2 with a reason (got $rc)"
   # nccl-tests options that cannot apply say why; their defaults pass.
   local opt
-  for opt in "-G 1:CUDA graphs" "-R 1:buffer registration" "-z 2:braid-bench times on the host" \
+  for opt in "-G 1:CUDA graphs" "-R 1:buffer registration" "-D 1:device-initiated" "-J out.json:no JSON" \
     "-d f8e4m3:braid has no f8e4m3 dtype"; do
     "$bench" allreduce ${opt%%:*} >/dev/null 2>"$tmp/e7"; rc=$?
     [ $rc = 2 ] && grep -q -- "${opt%%:*} is not supported: .*${opt#*:}" "$tmp/e7" ||

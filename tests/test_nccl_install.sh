@@ -7,7 +7,7 @@
 #  - `pkg-config --cflags --libs nccl` finds braid's nccl.pc and gives
 #    flags with which a program compiles, links and runs on braid's library;
 #  - the installed braid-bench's run path is that libdir, so it starts
-#    without LD_LIBRARY_PATH.
+#    without LD_LIBRARY_PATH, and nccl-tests' *_perf names link to it.
 # usage: test_nccl_install.sh BUILD_DIR SOURCE_DIR
 set -eu
 build=$1
@@ -41,6 +41,13 @@ if command -v readelf >/dev/null 2>&1; then
         { readelf -d "$tmp/root$bindir/braid-bench" | grep -E 'R(UN)?PATH'; echo "FAIL: installed braid-bench has no run path to $libdir"; exit 1; }
     echo "installed: $bindir/braid-bench, run path $libdir"
 fi
+# nccl-tests' program names are links to braid-bench, each running its
+# collective: a script written for nccl-tests runs unchanged.
+for p in all_reduce all_gather broadcast reduce_scatter reduce alltoall alltoallv sendrecv gather scatter hypercube; do
+    [ "$(readlink "$tmp/root$bindir/${p}_perf")" = braid-bench ] ||
+        { echo "FAIL: $bindir/${p}_perf is not a link to braid-bench"; exit 1; }
+done
+echo "installed: $bindir/{all_reduce,...,hypercube}_perf -> braid-bench"
 # The documented location, with Debian's multiarch libdir spelled out.
 grep -q 'lib/<multiarch>/braid-nccl' "$src/docs/NCCL_COMPAT.md" ||
     { echo "FAIL: docs/NCCL_COMPAT.md does not give lib/<multiarch>/braid-nccl"; exit 1; }
