@@ -71,6 +71,9 @@ typedef struct {
     int per_iter;        /* -I: per-iteration min, max, p99 and cv columns */
     int per_iter_skip;   /* -K: leading iterations left out of -I's summary */
     int memory_report;   /* -M: memory line in the footer */
+    const char *json_path; /* -J: nccl-tests' JSON report */
+    int argc;            /* the command line, for -J */
+    char **argv;
     double min_bw;       /* NCCL_TESTS_MIN_BW: the average busbw must reach 90% of it; -1 none */
     int report_cputime;  /* -C: report the time to issue the calls */
     braid_algo algo;
@@ -91,7 +94,10 @@ typedef struct {
     long long wrong;     /* wrong elements summed over ranks; -1: not checked */
     double cpu_us;       /* user + system CPU time per call, summed over ranks */
     /* -I: over the iterations (each the slowest rank's), in us and % */
-    double i_min, i_max, i_p99, i_cv;
+    double i_min, i_max, i_p99, i_cv, i_avg, i_p50, i_p95, i_stdev;
+    double *iter_us;     /* -I: each iteration's us, the slowest rank's (owned) */
+    double *proc_us;     /* -I with -J, rank 0: nprocs x iters, each rank's (owned) */
+    int nprocs;
 } bench_result;
 
 /* coll.c: the collectives, as nccl-tests' src/<coll>.cu define them. */
@@ -246,6 +252,14 @@ void bench_report_row(bench_report *rep, const bench_opts *opts, int nranks, siz
 int bench_report_close(bench_report *rep, const bench_opts *opts, const bench_memory *mem);
 /* Series label for this run (opts->label or e.g. "braid allreduce 4r"). */
 void bench_report_label(const bench_opts *opts, int nranks, char *buf, size_t len);
+
+/* json.c: -J's report, rank 0 only; each call does nothing without -J. */
+int bench_json_open(const bench_opts *o); /* 0, or -1 with the reason printed */
+void bench_json_config(const bench_opts *o, const bench_rank_info *infos, int nranks);
+void bench_json_row(const bench_opts *o, size_t bytes, size_t count, const char *type, const char *opname,
+                    const char *root, const bench_result *oop, const bench_result *ip);
+void bench_json_close(long long errors, double avg_bw, int bw_checked, int bw_ok);
+void bench_json_abandon(void);
 
 /* plot.c: busbw vs size with gnuplot. */
 /* 0 when gnuplot can be run; else prints why on stderr. */

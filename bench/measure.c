@@ -316,28 +316,74 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* -J: every rank's iteration times to rank 0, for its per-process rows. */
+static int gather_rows(bench_ctx *c, const double *iter_s, bench_result *res)
+{
+    size_t iters = (size_t)c->o->iters;
+    double *all = c->rank == 0 ? malloc((size_t)c->nranks * iters * sizeof(double)) : NULL;
+    if (c->rank == 0 && !all) {
+        fprintf(stderr, "braid-bench: rank 0: out of memory for -J's per-process times\n");
+        return -1; /* the others then fail in the gather, within the timeout */
+    }
+    braid_status st = braid_gather(c->pg, iter_s, all, iters, BRAID_F64, 0, NULL, NULL);
+    if (st != BRAID_OK) {
+        free(all);
+        return bench_fail(c, "per-iteration time gather", st);
+    }
+    for (size_t i = 0; all && i < (size_t)c->nranks * iters; i++)
+        all[i] *= 1e6;
+    res->proc_us = all;
+    res->nprocs = c->nranks;
+    return 0;
+}
+
 /* -I's columns over the iterations after -K's skip, each iteration the
- * slowest rank's (nccl-tests' computeIterStats on its max over processes). */
+ * slowest rank's (nccl-tests' computeIterStats on its max over processes);
+ * iter_s becomes those times in us, kept for -J. */
 static int iter_stats(bench_ctx *c, double *iter_s, bench_result *res)
 {
     const bench_opts *o = c->o;
+    if (o->json_path && gather_rows(c, iter_s, res))
+        return -1;
     braid_status st = braid_allreduce(c->pg, iter_s, iter_s, (size_t)o->iters, BRAID_F64, BRAID_MAX, NULL, NULL);
     if (st != BRAID_OK)
         return bench_fail(c, "per-iteration time all-reduce", st);
+    for (int i = 0; i < o->iters; i++)
+        iter_s[i] *= 1e6;
     int n = o->iters - o->per_iter_skip;
-    double *t = iter_s + o->per_iter_skip, sum = 0, var = 0;
+    double *t = malloc((size_t)n * sizeof(*t)), sum = 0, var = 0;
+    if (!t) {
+        fprintf(stderr, "braid-bench: rank %d: out of memory for -I\n", c->rank);
+        return -1;
+    }
+    memcpy(t, iter_s + o->per_iter_skip, (size_t)n * sizeof(*t));
     qsort(t, (size_t)n, sizeof(*t), cmp_double);
     for (int i = 0; i < n; i++)
         sum += t[i];
     double avg = sum / n;
     for (int i = 0; i < n; i++)
         var += (t[i] - avg) * (t[i] - avg);
-    int p99 = (n * 99 + 99) / 100 - 1;
-    res->i_min = t[0] * 1e6;
-    res->i_max = t[n - 1] * 1e6;
-    res->i_p99 = t[p99 < n - 1 ? p99 : n - 1] * 1e6;
-    res->i_cv = avg > 0 ? sqrt(var / n) / avg * 100.0 : 0.0;
+    /* nccl-tests' nearest-rank percentile */
+    int p95 = (n * 95 + 99) / 100 - 1, p99 = (n * 99 + 99) / 100 - 1;
+    res->i_min = t[0];
+    res->i_max = t[n - 1];
+    res->i_avg = avg;
+    res->i_p50 = t[n / 2];
+    res->i_p95 = t[p95 < n - 1 ? p95 : n - 1];
+    res->i_p99 = t[p99 < n - 1 ? p99 : n - 1];
+    res->i_stdev = sqrt(var / n);
+    res->i_cv = avg > 0 ? res->i_stdev / avg * 100.0 : 0.0;
+    free(t);
+    res->iter_us = iter_s;
     return 0;
+}
+
+/* Free what a result owns. */
+static void result_free(bench_result *r)
+{
+    free(r->iter_us);
+    free(r->proc_us);
+    r->iter_us = r->proc_us = NULL;
 }
 
 /* One half of a row: out of place or in place. */
@@ -361,7 +407,8 @@ static int bench_time(bench_ctx *c, int in_place, bench_result *res)
         rc = bench_reduce_scalar(c, &cpu, BRAID_F64, BRAID_SUM, "cpu time all-reduce");
     if (rc == 0 && iter_s)
         rc = iter_stats(c, iter_s, res);
-    free(iter_s);
+    if (!res->iter_us)
+        free(iter_s); /* else the result owns it */
     if (rc)
         return -1;
     res->cpu_us = cpu * 1e6;
@@ -420,13 +467,16 @@ static int sweep(bench_ctx *c, bench_report *rep)
     for (size_t size = o->min_bytes; size <= o->max_bytes;) {
         bench_result oop = {0}, ip = {0};
         set_size(c, size);
-        if (bench_time(c, 0, &oop) || bench_time(c, 1, &ip))
-            return -1;
-        if (c->rank == 0) {
+        int rc = bench_time(c, 0, &oop) || bench_time(c, 1, &ip) ? -1 : 0;
+        if (rc == 0 && c->rank == 0) {
             size_t most = c->k.send > c->k.recv ? c->k.send : c->k.recv;
             bench_report_row(rep, o, c->nranks, most * esize(c), c->k.param, c->dtype, c->opname, c->root, &oop,
                              &ip);
         }
+        result_free(&oop);
+        result_free(&ip);
+        if (rc)
+            return -1;
         size_t next = next_size(o, size);
         if (next <= size)
             break; /* overflow, or a zero step at max */

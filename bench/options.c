@@ -55,7 +55,7 @@ static void usage(FILE *out, const char *prog)
             "  -R, --local_register 0    only 0: braid has no user buffer registration (verbs registers\n"
             "                            buffers itself, through a cache)\n"
             "  -D, --device_implementation 0  only 0: braid has no device-initiated (NCCL device API) collectives\n"
-            "  -J, --output_file FILE    refused: braid-bench writes no JSON (--csv FILE keeps every row)\n"
+            "  -J, --output_file FILE    nccl-tests' JSON report (FILE taken: FILE.0, FILE.1, ...)\n"
             "braid's own:\n"
             "      --nranks N            local ranks to fork without a launcher (default: -t x -g when\n"
             "                            given, else 4)\n"
@@ -367,9 +367,8 @@ static int parse_other_flag(int c, const char *text, bench_opts *o)
     case 'D':
         return only_default(text, 'D', 0, "braid has no device-initiated (NCCL device API) collectives");
     case 'J':
-        fprintf(stderr, "braid-bench: -J %s is not supported: braid-bench writes no JSON output (--csv FILE keeps "
-                        "every row, with CPU times)\n", text);
-        return -1;
+        o->json_path = text;
+        return 0;
     case 'G':
         return only_default(text, 'G', 0, "braid's collectives cannot be captured in CUDA graphs");
     case 'R':
@@ -487,6 +486,8 @@ int bench_parse_args(int argc, char **argv, bench_opts *o)
     const char *prog = "braid-bench";
 
     set_defaults(o);
+    o->argc = argc;
+    o->argv = argv;
     if (argc > 0 && argv[0] && argv[0][0]) {
         const char *slash = strrchr(argv[0], '/');
         o->program = slash ? slash + 1 : argv[0];

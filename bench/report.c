@@ -142,6 +142,7 @@ void bench_report_header(const bench_opts *o, const bench_rank_info *infos, int 
         printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s %*s\n", "(B)", "(elements)", "",
                "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "", ts_pad, ts_format);
     }
+    bench_json_config(o, infos, nranks);
     fflush(stdout);
 }
 
@@ -207,6 +208,7 @@ void bench_report_row(bench_report *rep, const bench_opts *opts, int nranks, siz
         strftime(now, sizeof(now), TIME_FORMAT, localtime(&t));
         snprintf(line + n, sizeof(line) - (size_t)n, "%21s", now);
     }
+    bench_json_row(opts, bytes, count, bench_type_name(dtype), opname, rootname, oop, ip);
     /* One write per row, so a row never interleaves with a log line. */
     printf("%s\n", line);
     fflush(stdout);
@@ -236,6 +238,7 @@ int bench_report_close(bench_report *rep, const bench_opts *opts, const bench_me
     printf("# Collective test concluded: %s\n", opts->program);
     if (mem)
         bench_memory_print(mem);
+    bench_json_close(rep->errors, avg, opts->min_bw >= 0, !slow);
     printf("#\n");
     /* nccl-tests ends with its last-error line, empty on success. */
     printf("\n");

@@ -131,7 +131,7 @@ static int open_outputs(bench_opts *local, bench_report *rep, char *tmp_csv, siz
     }
     if (local->plot_path && bench_plot_available() != 0)
         return -1;
-    return bench_report_open(rep, local);
+    return bench_report_open(rep, local) || bench_json_open(local) ? -1 : 0;
 }
 
 /* Device buffers by default where a GPU is usable, as nccl-tests (which
@@ -230,6 +230,7 @@ int bench_run(braid_pg *pg, const bench_opts *opts)
         }
     }
 out_free:
+    bench_json_abandon(); /* closed already unless the run failed */
     if (rep.csv)
         fclose(rep.csv); /* still open only when the run failed */
     if (tmp_csv[0])

@@ -222,6 +222,43 @@ local_tests() {
     grep -Eq '^# Host memory usage    : Initialization [0-9.]+ [KMG]?B \| User-Allocated [0-9.]+ [KMG]?B \| Collective [0-9.]+ [KMG]?B \| Total  [0-9.]+ [KMG]?B$' \
       "$tmp/periter.out" || fail "-M 1: no memory line"
   }
+  # -J: nccl-tests' JSON report, read by the vendored nccl-tests' own
+  # analyzer; an existing file is kept (FILE.0 is written), and a secret
+  # in the environment is not written out.
+  local analyzer nt
+  nt=$(dirname "$0")/../../shared/third_party/nccl-tests
+  analyzer=$nt/tools/analyze_perf_json.py
+  : >"$tmp/r.json"
+  BRAID_JOB_SECRET=hunter2-$$ run json reduce_scatter -t 3 -b 1K -e 64K -f 8 -n 5 -w 1 -I 1 -K 1 -J "$tmp/r.json" && {
+    grep -qx "# Writing JSON output to $tmp/r.json.0" "$tmp/json.out" && [ ! -s "$tmp/r.json" ] ||
+      fail "-J onto an existing file must write FILE.0"
+    grep -q "hunter2-$$" "$tmp/r.json.0" && fail "-J wrote the job secret into the report"
+    python3 - "$tmp/r.json.0" <<'PY' || fail "-J: the report is not nccl-tests' JSON of the table"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["version"] == 3 and d["config"]["iterations"] == 5 and d["config"]["per_iter_skip"] == 1, d["config"]
+assert len(d["config"]["devices"]) == 3
+rows = d["results"]
+assert [r["size"] for r in rows] == [1008, 8160, 65520], [r["size"] for r in rows]
+for r in rows:
+    for h in ("out_of_place", "in_place"):
+        assert r[h]["nwrong"] == 0 and r[h]["time"] > 0, r
+        p = r[h + "_per_iter"]
+        assert len(p["times_us"]) == 5 and len(p["per_process_max_times_us"]) == 3, p
+        assert p["min_us"] <= p["p50_us"] <= p["p95_us"] <= p["p99_us"] <= p["max_us"], p
+assert d["out_of_bounds"] == {"count": 0, "okay": "true"}, d["out_of_bounds"]
+assert "BRAID_JOB_SECRET=<redacted>" in d["env"]
+PY
+    if [ -f "$analyzer" ]; then
+      python3 "$analyzer" "$tmp/r.json.0" --all >"$tmp/analyze.out" 2>&1 &&
+        grep -q 'Consistency (times_us == max over process rows, OOP): PASS' "$tmp/analyze.out" &&
+        grep -q 'PER-PROCESS STRAGGLER ANALYSIS' "$tmp/analyze.out" ||
+        fail "nccl-tests' analyze_perf_json.py on braid-bench -J: $(tail -n 5 "$tmp/analyze.out")"
+    else
+      echo "note: $analyzer not found, -J checked without nccl-tests' analyzer"
+    fi
+  }
+
   # NCCL_TESTS_MIN_BW: an average below 90% of it fails the run (exit 1).
   NCCL_TESTS_MIN_BW=1000000 "$bench" -t 2 -b 1K -e 1K -n 1 >"$tmp/minbw.out" 2>&1; rc=$?
   [ $rc = 1 ] && grep -Eq '^# Avg bus bandwidth    : [0-9.e+-]+ FAILED$' "$tmp/minbw.out" ||
@@ -301,7 +338,7 @@ local_tests() {
   [ $rc = 2 ] && grep -q "invalid gpu count '0'" "$tmp/e5" || fail "-g 0 must exit 2 with a reason (got $rc)"
   # nccl-tests options that cannot apply say why; their defaults pass.
   local opt
-  for opt in "-G 1:CUDA graphs" "-R 1:buffer registration" "-D 1:device-initiated" "-J out.json:no JSON" \
+  for opt in "-G 1:CUDA graphs" "-R 1:buffer registration" "-D 1:device-initiated" \
     "-d f8e4m3:braid has no f8e4m3 dtype"; do
     "$bench" allreduce ${opt%%:*} >/dev/null 2>"$tmp/e7"; rc=$?
     [ $rc = 2 ] && grep -q -- "${opt%%:*} is not supported: .*${opt#*:}" "$tmp/e7" ||
