@@ -259,6 +259,11 @@ PY
     fi
   }
 
+  # Each rank's first log line says which braid this is and what CUDA there is.
+  BRAID_DEBUG=INFO timeout 60 "$bench" -t 2 -b 1K -e 1K -n 1 >/dev/null 2>"$tmp/info.err"
+  [ "$(grep -Ec 'rank [01]: braid [0-9]+\.[0-9]+\.[0-9]+ \([a-z]+ build, sanitizers [a-z,]+, (no )?verbs, (no )?trace lines\); cuda: (not built in|built in, .*)$' "$tmp/info.err")" = 2 ] ||
+    fail "no build line per rank at BRAID_DEBUG=INFO: $(grep -m1 'braid INFO' "$tmp/info.err")"
+
   # NCCL_TESTS_MIN_BW: an average below 90% of it fails the run (exit 1).
   NCCL_TESTS_MIN_BW=1000000 "$bench" -t 2 -b 1K -e 1K -n 1 >"$tmp/minbw.out" 2>&1; rc=$?
   [ $rc = 1 ] && grep -Eq '^# Avg bus bandwidth    : [0-9.e+-]+ FAILED$' "$tmp/minbw.out" ||

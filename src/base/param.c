@@ -30,7 +30,8 @@
  * markdown: docs/CONFIG.md's tables are generated from it. */
 const braid_param_info braid__params[] = {
     CHOICE("BRAID_DEBUG", CORE, "NONE|WARN|INFO|TRACE|0", "WARN",
-           "log level (`0` is `NONE`; TRACE needs `-Dtrace=true`)"),
+           "log level (`0` is `NONE`; TRACE needs `-Dtrace=true`); from INFO, each process's first group starts "
+           "with a line naming braid's version, build and CUDA state"),
     STR("BRAID_DEBUG_FILE", CORE, NULL, "log to this file instead of stderr; `%h` is replaced by the host name, "
                                         "`%p` by the pid"),
     INT("BRAID_TIMEOUT_MS", CORE, 1, 24LL * 3600 * 1000, "300000",

@@ -158,6 +158,7 @@ static braid_status pg_init_common(braid_pg **out, int rank, int size, const bra
     if (!pg)
         return braid__error(BRAID_ERR_NO_MEMORY, "rank %d: out of memory for a group of %d", rank, size);
     braid__log_set_rank(rank);
+    braid__log_build_line(rank);
     braid_status st = braid__pg_join(pg, rv, cfg);
     if (st == BRAID_OK && rv->local_rank >= 0) {
         /* The launcher knows which device slot it gave this process. */

@@ -1,5 +1,5 @@
 /* Group set-up shared by pg.c (create, destroy and the public entry
- * points), pg_config.c and pg_join.c. Internal to those. */
+ * points), pg_config.c, pg_join.c and build_line.c. Internal to those. */
 #ifndef BRAID_PG_INT_H
 #define BRAID_PG_INT_H
 
@@ -15,5 +15,9 @@ braid_status braid__pg_apply_config(braid_pg *pg, const braid_config *cfg);
  * the connected peers and the executor thread. On failure the caller
  * releases pg. */
 braid_status braid__pg_join(braid_pg *pg, const braid_rendezvous *rv, const braid_config *cfg);
+
+/* Log, once per process at INFO, which braid this is and what CUDA there is
+ * (build_line.c). */
+void braid__log_build_line(int rank);
 
 #endif
