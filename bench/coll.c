@@ -202,11 +202,13 @@ static braid_status hypercube(const bench_call *c, braid_work **work)
     char *recv = c->recv;
     char *own = recv + (size_t)c->rank * block;
     braid_status st = BRAID_OK;
+    if (work)
+        *work = NULL; /* one rank in place: nothing to wait for */
     if ((const void *)own != c->send) {
         st = braid_group_start(c->pg);
         if (st == BRAID_OK)
             st = p2p(c, c->send, c->count, c->rank, own, c->count, c->rank);
-        st = group_end(c->pg, st, NULL);
+        st = group_end(c->pg, st, c->nranks == 1 ? work : NULL);
     }
     for (int mask = 1; mask < c->nranks && st == BRAID_OK; mask <<= 1) {
         int from = c->rank & ~(mask - 1), to = from ^ mask, peer = c->rank ^ mask;

@@ -138,10 +138,11 @@ static void retire(bench_ctx *c, flight *f, braid_status st)
     f->oldest++;
 }
 
-/* Wait for the oldest handle. */
+/* Wait for the oldest handle (none: a call with nothing to do). */
 static void wait_oldest(bench_ctx *c, flight *f)
 {
-    retire(c, f, braid_wait(f->works[f->oldest % WINDOW], -1));
+    braid_work *w = f->works[f->oldest % WINDOW];
+    retire(c, f, w ? braid_wait(w, -1) : BRAID_OK);
 }
 
 /* -I with -z 0: note the handles that completed since the last look, in
@@ -149,8 +150,9 @@ static void wait_oldest(bench_ctx *c, flight *f)
 static void poll_done(bench_ctx *c, flight *f)
 {
     while (f->oldest < f->issued) {
-        int done = 0;
-        braid_status st = braid_test(f->works[f->oldest % WINDOW], &done);
+        int done = 1;
+        braid_work *w = f->works[f->oldest % WINDOW];
+        braid_status st = w ? braid_test(w, &done) : BRAID_OK;
         if (st == BRAID_OK && !done)
             return;
         retire(c, f, st);

@@ -170,6 +170,13 @@ local_tests() {
         fail "$prog -r all must show roots 0 1 2" ;;
     esac
   done
+  # One rank: every collective still runs and checks (hypercube's only
+  # work is the copy of its own block, none at all in place).
+  for p in allreduce broadcast reduce allgather reduce_scatter alltoall alltoallv sendrecv gather scatter hypercube; do
+    run "one-$p" "$p" -t 1 -b 16 -e 4K -f 16 -n 2 -w 1 -c 1 -z 0 &&
+      check_table "$tmp/one-$p.out" 3 "$(case $p in alltoall | alltoallv | sendrecv) echo oop ;; *) echo 1 ;; esac)" \
+        "$p at 1 rank"
+  done
   # nccl-tests' size column is the larger buffer and count the call's
   # count, its blocks rounded down to 16 bytes: 64 KiB of floats over 3
   # ranks is 3 blocks of 5460 (not 5461) floats.
