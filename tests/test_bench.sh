@@ -177,6 +177,16 @@ local_tests() {
       check_table "$tmp/one-$p.out" 3 "$(case $p in alltoall | alltoallv | sendrecv) echo oop ;; *) echo 1 ;; esac)" \
         "$p at 1 rank"
   done
+  # -m 3 (three calls per iteration, one braid group, nesting the groups
+  # alltoallv, sendrecv and hypercube make) with -z 0 and -z 3.
+  for p in allreduce broadcast reduce allgather reduce_scatter alltoall alltoallv sendrecv gather scatter hypercube; do
+    n=3; [ $p = hypercube ] && n=4
+    for z in 0 3; do
+      run "agg-$p-$z" "$p" -t $n -b 1K -e 256K -f 16 -n 4 -w 1 -m 3 -z $z -c 1 &&
+        check_table "$tmp/agg-$p-$z.out" 3 "$(case $p in alltoall | alltoallv | sendrecv) echo oop ;; *) echo 1 ;; esac)" \
+          "$p -m 3 -z $z"
+    done
+  done
   # nccl-tests' size column is the larger buffer and count the call's
   # count, its blocks rounded down to 16 bytes: 64 KiB of floats over 3
   # ranks is 3 blocks of 5460 (not 5461) floats.
