@@ -243,6 +243,11 @@ typedef struct {
 } bench_rank_info;
 
 int bench_report_open(bench_report *rep, const bench_opts *opts);
+/* The "device" of rank r in the device list: its index among the ranks on
+ * its host, as a GPU index would be under nccl-tests. */
+int bench_rank_device(const bench_rank_info *infos, int r);
+/* The device description: the host's CPU model, or "cpu". */
+const char *bench_rank_cpu(const bench_rank_info *info);
 void bench_report_header(const bench_opts *opts, const bench_rank_info *infos, int nranks);
 void bench_report_row(bench_report *rep, const bench_opts *opts, int nranks, size_t bytes, size_t count,
                       braid_dtype dtype, const char *opname, int root, const bench_result *oop,

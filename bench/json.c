@@ -217,9 +217,6 @@ void bench_json_config(const bench_opts *o, const bench_rank_info *infos, int nr
     key("devices");
     open_level('[');
     for (int r = 0; r < nranks; r++) {
-        int local = 0;
-        for (int p = 0; p < r; p++)
-            local += strcmp(infos[p].host, infos[r].host) == 0;
         open_level('{');
         key("rank");
         integer(r);
@@ -230,11 +227,11 @@ void bench_json_config(const bench_opts *o, const bench_rank_info *infos, int nr
         key("hostname");
         str(infos[r].host);
         key("device");
-        integer(local);
+        integer(bench_rank_device(infos, r));
         key("device_hex");
         str("0000:00:00");
         key("device_info");
-        str(infos[r].cpu[0] ? infos[r].cpu : "cpu");
+        str(bench_rank_cpu(&infos[r]));
         close_level('}');
     }
     close_level(']');

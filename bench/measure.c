@@ -55,6 +55,12 @@ static size_t esize(const bench_ctx *c)
     return braid_dtype_size(c->dtype);
 }
 
+/* Elements of the larger of the two buffers of the current size. */
+static size_t larger_buffer(const bench_ctx *c)
+{
+    return c->k.send > c->k.recv ? c->k.send : c->k.recv;
+}
+
 /* The counts of a size in bytes (nccl-tests' setupArgs). */
 static void set_size(bench_ctx *c, size_t bytes)
 {
@@ -77,7 +83,7 @@ static void describe(const bench_ctx *c, int in_place, char *buf, size_t len)
  * (nccl-tests' shift), wrapping around. */
 static int coll_issue(bench_ctx *c, int in_place, long iter, braid_work **work)
 {
-    size_t es = esize(c), extent = (c->k.send > c->k.recv ? c->k.send : c->k.recv) * es;
+    size_t es = esize(c), extent = larger_buffer(c) * es;
     size_t steps = extent ? c->o->max_bytes / extent : 1;
     size_t shift = steps ? extent * ((size_t)iter % steps) : 0;
     char *send = (char *)c->send + shift, *recv = (char *)c->recv + shift;
@@ -243,16 +249,16 @@ static int timed_loop(bench_ctx *c, int in_place, double *elapsed, double *issue
     return rc;
 }
 
-/* With -g 1, copy the host mirror of the buffers to or from the device. */
-static int sync_device(const bench_ctx *c, int to_device, size_t send_elems, size_t recv_elems)
+/* With -g 1, copy the host mirror of the buffers to or from the device:
+ * the send buffer's elements and, in place or not, the larger extent of
+ * the receive buffer. */
+static int sync_device(const bench_ctx *c, int to_device)
 {
     if (!c->o->gpu)
         return 0;
-    size_t es = esize(c);
-    int rc = to_device ? bench_device_put(c->send, c->hsend, send_elems * es) ||
-                             bench_device_put(c->recv, c->hrecv, recv_elems * es)
-                       : bench_device_get(c->hsend, c->send, send_elems * es) ||
-                             bench_device_get(c->hrecv, c->recv, recv_elems * es);
+    size_t es = esize(c), send = c->k.send * es, recv = larger_buffer(c) * es;
+    int rc = to_device ? bench_device_put(c->send, c->hsend, send) || bench_device_put(c->recv, c->hrecv, recv)
+                       : bench_device_get(c->hsend, c->send, send) || bench_device_get(c->hrecv, c->recv, recv);
     if (rc)
         fprintf(stderr, "braid-bench: rank %d: %s\n", c->rank, bench_device_error());
     return rc ? -1 : 0;
@@ -275,8 +281,7 @@ static int fill(bench_ctx *c, int in_place, uint32_t seed, bench_pattern **keep)
         return -1;
     }
     bench_data_fill(&l, pat, c->hsend, c->hrecv);
-    size_t most = c->k.send > c->k.recv ? c->k.send : c->k.recv;
-    int rc = sync_device(c, 1, c->k.send, most);
+    int rc = sync_device(c, 1);
     if (keep && rc == 0)
         *keep = pat;
     else
@@ -291,10 +296,9 @@ static int verify(bench_ctx *c, int in_place, long long *wrong)
     c->seed++;
     if (fill(c, in_place, c->seed, &pat))
         return -1;
-    size_t most = c->k.send > c->k.recv ? c->k.send : c->k.recv;
     int rc = coll_issue(c, in_place, 0, NULL);
     if (rc == 0)
-        rc = sync_device(c, 0, c->k.send, most);
+        rc = sync_device(c, 0);
     if (rc == 0) {
         bench_layout l = layout_of(c, in_place);
         long long w = bench_data_check(&l, pat, c->hsend, c->hrecv);
@@ -447,12 +451,12 @@ static int warmup(bench_ctx *c)
     const bench_opts *o = c->o;
     for (size_t size = o->min_bytes; size <= o->max_bytes;) {
         flight f = {.done = NULL};
+        int rc = 0;
         set_size(c, size);
-        for (long i = 0; i < o->warmup_iters && f.rc == 0; i++)
-            if (issue_async(c, &f, 0, i))
-                f.rc = f.rc ? f.rc : -1;
+        for (long i = 0; i < o->warmup_iters && rc == 0; i++)
+            rc = issue_async(c, &f, 0, i);
         wait_all(c, &f);
-        if (f.rc)
+        if (rc || f.rc)
             return -1;
         size_t next = size ? size * 2 : 1;
         if (next <= size)
@@ -471,8 +475,7 @@ static int sweep(bench_ctx *c, bench_report *rep)
         set_size(c, size);
         int rc = bench_time(c, 0, &oop) || bench_time(c, 1, &ip) ? -1 : 0;
         if (rc == 0 && c->rank == 0) {
-            size_t most = c->k.send > c->k.recv ? c->k.send : c->k.recv;
-            bench_report_row(rep, o, c->nranks, most * esize(c), c->k.param, c->dtype, c->opname, c->root, &oop,
+            bench_report_row(rep, o, c->nranks, larger_buffer(c) * esize(c), c->k.param, c->dtype, c->opname, c->root, &oop,
                              &ip);
         }
         result_free(&oop);

@@ -81,6 +81,19 @@ static void memory_line(const bench_rank_info *infos, int nranks)
     printf("\n");
 }
 
+int bench_rank_device(const bench_rank_info *infos, int r)
+{
+    int local = 0;
+    for (int p = 0; p < r; p++)
+        local += strcmp(infos[p].host, infos[r].host) == 0;
+    return local;
+}
+
+const char *bench_rank_cpu(const bench_rank_info *info)
+{
+    return info->cpu[0] ? info->cpu : "cpu";
+}
+
 void bench_report_header(const bench_opts *o, const bench_rank_info *infos, int nranks)
 {
     /* braid's own line first: what nccl-tests users cannot assume here.
@@ -110,15 +123,9 @@ void bench_report_header(const bench_opts *o, const bench_rank_info *infos, int 
     }
     printf("#\n");
     printf("# Using devices\n");
-    for (int r = 0; r < nranks; r++) {
-        /* "device" is the rank's index among the ranks on its host, as a
-         * GPU index would be under nccl-tests. */
-        int local = 0;
-        for (int p = 0; p < r; p++)
-            local += strcmp(infos[p].host, infos[r].host) == 0;
+    for (int r = 0; r < nranks; r++)
         printf("#  Rank %2d Group %2d Pid %6d on %10s device %2d [%04x:%02x:%02x] %s\n", r, 0, (int)infos[r].pid,
-               infos[r].host, local, 0, 0, 0, infos[r].cpu[0] ? infos[r].cpu : "cpu");
-    }
+               infos[r].host, bench_rank_device(infos, r), 0, 0, 0, bench_rank_cpu(&infos[r]));
     /* nccl-tests' writeResultHeader, its -I, -C and -S variants included */
     const char *ts_label = o->report_timestamps ? "timestamp" : "";
     const char *ts_format = o->report_timestamps ? TIME_FORMAT : "";
